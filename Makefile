@@ -1,0 +1,42 @@
+# pagedserve: `make run` serves the default model, `make test` runs every test. Both set up what they need.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MODEL_DIR ?= models/SmolLM2-135M-Instruct
+STAMP := $(VENV)/.installed
+
+.PHONY: setup model run test test-unit lint bench-engine redis-server clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+model: $(STAMP)
+	$(PY) -m shared.default_model --out $(MODEL_DIR)
+
+# Redis for the integration tests and `make run`: installed from Debian's packages when missing (needs root).
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
+
+run: model
+	$(PY) -m services.engine.demo --model $(MODEL_DIR) "What is the capital of France?"
+
+test: model redis-server
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench-engine: model
+	$(PY) -m services.engine.bench_decode --model $(MODEL_DIR)
+
+clean:
+	rm -rf $(VENV) models bench-results

@@ -1,0 +1,43 @@
+"""The attention backend interface: write a step's keys/values into the paged cache, then attend through it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from services.gpu_worker.attention.metadata import AttentionMetadata
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    num_heads: int
+    num_kv_heads: int  # num_heads % num_kv_heads == 0 (GQA/MQA when smaller)
+    head_dim: int
+    scale: float  # softmax scale, usually head_dim ** -0.5
+    sliding_window: int | None = None  # a query at position p sees keys at positions > p - sliding_window
+
+
+class AttentionBackend(ABC):
+    """One implementation per device family. Caches are shaped [num_blocks, block_size, num_kv_heads, head_dim]."""
+
+    name: str
+
+    def __init__(self, shape: AttentionShape) -> None:
+        self.shape = shape
+
+    @abstractmethod
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """Store key/value rows [T, num_kv_heads, head_dim] at their slots; a negative slot is skipped."""
+
+    @abstractmethod
+    def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               meta: AttentionMetadata) -> torch.Tensor:
+        """Causal attention of query rows [T, num_heads, head_dim] over each request's paged context."""
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
+        return self.attend(query, key_cache, value_cache, meta)

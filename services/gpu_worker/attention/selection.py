@@ -1,0 +1,30 @@
+"""Pick the attention backend for a device: Triton kernels on CUDA, the torch path elsewhere."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+def select_backend(name: str, shape: AttentionShape, device: torch.device) -> AttentionBackend:
+    """Build the backend called `name` ("auto" | "torch" | "triton"); auto means triton on CUDA, else torch."""
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend(shape)
+    # Triton decides at import time whether kernels compile or run in its interpreter, from this variable.
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"attention backend 'triton' needs a CUDA device, or TRITON_INTERPRET=1 set before start "
+                         f"to run its kernels in the (slow) interpreter on {device.type}")
+    from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+
+    return TritonAttentionBackend(shape)

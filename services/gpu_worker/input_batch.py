@@ -1,0 +1,79 @@
+"""Turn the requests scheduled this step into flat model inputs and attention metadata.
+
+Region map of the flattened batch (decodes first, then prefill chunks):
+    rows  [0, num_decodes)                   one token each, the request's newest position
+    rows  [num_decodes, T)                   chunk i covers positions [computed_i, computed_i + scheduled_i)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.gpu_worker.attention.metadata import AttentionMetadata
+from services.gpu_worker.request_state import RequestState
+
+
+@dataclass
+class ModelInput:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    requests: list[RequestState]  # batch order
+    num_scheduled: list[int]  # parallel to requests
+    sample_indices: list[int]  # indices into `requests` of those that sample a token this step
+    logits_rows: torch.Tensor  # [S] row of each sampling request's last token
+
+
+def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) -> list[int]:
+    """Stable order with single-token requests first (attention runs them as one batched decode)."""
+    return sorted(range(len(requests)), key=lambda i: num_scheduled[i] != 1)
+
+
+def build_model_input(requests: list[RequestState], num_scheduled: list[int], block_size: int,
+                      device: torch.device) -> ModelInput:
+    order = order_decodes_first(requests, num_scheduled)
+    requests = [requests[i] for i in order]
+    num_scheduled = [num_scheduled[i] for i in order]
+    starts = [r.num_computed_tokens for r in requests]
+    token_ids: list[int] = []
+    for r, start, n in zip(requests, starts, num_scheduled, strict=True):
+        token_ids.extend(r.token_ids[start: start + n])
+
+    lengths = torch.tensor(num_scheduled, dtype=torch.long)
+    query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.long)
+    torch.cumsum(lengths, 0, out=query_start_loc[1:])
+    seq_lens = torch.tensor(starts, dtype=torch.long) + lengths
+    request_of_row = torch.repeat_interleave(torch.arange(len(requests)), lengths)
+    positions = torch.arange(int(query_start_loc[-1])) - query_start_loc[request_of_row] + torch.tensor(
+        starts, dtype=torch.long)[request_of_row]
+
+    max_blocks = max(len(r.block_ids) for r in requests)
+    block_tables = torch.zeros(len(requests), max_blocks, dtype=torch.int32)
+    for i, r in enumerate(requests):
+        block_tables[i, : len(r.block_ids)] = torch.tensor(r.block_ids, dtype=torch.int32)
+    slot_mapping = block_tables[request_of_row, positions // block_size].long() * block_size + positions % block_size
+
+    sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
+                      if s + n == len(r.token_ids)]
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
+        seq_lens=seq_lens.to(device=device, dtype=torch.int32),
+        block_tables=block_tables.to(device),
+        num_decodes=sum(1 for n in num_scheduled if n == 1),
+        max_query_len=max(num_scheduled),
+        max_seq_len=int(seq_lens.max()),
+        query_start_loc_cpu=query_start_loc.tolist(),
+        seq_lens_cpu=seq_lens.tolist(),
+    )
+    return ModelInput(
+        token_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
+        positions=positions.to(device),
+        meta=meta,
+        requests=requests,
+        num_scheduled=num_scheduled,
+        sample_indices=sample_indices,
+        logits_rows=(query_start_loc[1:][sample_indices] - 1).to(device),
+    )

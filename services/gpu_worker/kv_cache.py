@@ -1,0 +1,51 @@
+"""The paged KV cache: one key and one value tensor per layer, allocated once, sized from a memory budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.gpu_worker.model_config import ModelConfig
+
+
+def kv_bytes_per_token(config: ModelConfig) -> int:
+    """The seed's formula: 2 (keys and values) x layers x KV heads x head dim x bytes per element."""
+    element_bytes = torch.empty((), dtype=config.dtype).element_size()
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
+
+
+def num_blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int) -> int:
+    return budget_bytes // (kv_bytes_per_token(config) * block_size)
+
+
+def gpu_kv_budget_bytes(device: torch.device, memory_fraction: float) -> int:
+    """A fraction of the device memory still free after the weights were loaded."""
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return int(free_bytes * memory_fraction)
+
+
+@dataclass
+class KVCache:
+    key_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, num_kv_heads, head_dim]
+    value_caches: list[torch.Tensor]
+    num_blocks: int
+    block_size: int
+
+    @classmethod
+    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> KVCache:
+        if num_blocks < 1:
+            raise ValueError("the KV cache budget is too small for a single block; raise --kv-cache-memory")
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        keys = [torch.zeros(shape, dtype=config.dtype, device=device) for _ in range(config.num_layers)]
+        values = [torch.zeros(shape, dtype=config.dtype, device=device) for _ in range(config.num_layers)]
+        return cls(keys, values, num_blocks, block_size)
+
+    @property
+    def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return list(zip(self.key_caches, self.value_caches, strict=True))
+
+    @property
+    def num_bytes(self) -> int:
+        per_tensor = self.key_caches[0].numel() * self.key_caches[0].element_size()
+        return 2 * len(self.key_caches) * per_tensor

@@ -1,0 +1,86 @@
+"""Owns the model and the KV cache on one device: runs one flattened forward per step and samples."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from services.gpu_worker.attention.backend import AttentionShape
+from services.gpu_worker.attention.selection import select_backend
+from services.gpu_worker.generation_defaults import eos_token_ids
+from services.gpu_worker.input_batch import ModelInput, build_model_input
+from services.gpu_worker.kv_cache import KVCache, gpu_kv_budget_bytes, num_blocks_for_budget
+from services.gpu_worker.loader import load_model
+from services.gpu_worker.model_config import dtype_name, load_model_config
+from services.gpu_worker.request_state import RequestState
+from services.gpu_worker.sampler import sample
+from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from services.gpu_worker.worker_config import WorkerConfig
+from shared.step_protocol import StepOutput, WorkerDescription
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class ModelRunner:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        if config.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.model_config = load_model_config(config.model_dir, config.dtype)
+        mc = self.model_config
+        self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
+        self.backend = select_backend(config.attention_backend, shape, self.device)
+        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device)
+        self.eos_token_ids = eos_token_ids(config.model_dir)
+        budget = (gpu_kv_budget_bytes(self.device, config.gpu_memory_utilization) if self.device.type == "cuda"
+                  else config.kv_cache_memory_bytes)
+        self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size),
+                                         config.block_size, self.device)
+
+    def describe(self) -> WorkerDescription:
+        return WorkerDescription(
+            model_name=self.config.model_name or Path(self.config.model_dir).name,
+            architecture=self.model_config.architecture,
+            max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size,
+            num_kv_blocks=self.kv_cache.num_blocks,
+            block_size=self.kv_cache.block_size,
+            eos_token_ids=self.eos_token_ids,
+            dtype=dtype_name(self.model_config.dtype),
+            device=str(self.device),
+            attention_backend=self.backend.name,
+            kv_cache_bytes=self.kv_cache.num_bytes,
+        )
+
+    @torch.inference_mode()
+    def run(self, requests: list[RequestState], num_scheduled: list[int]) -> StepOutput:
+        """Compute the scheduled tokens of each request; sample for those that reach their last known token."""
+        start_ns = time.perf_counter_ns()
+        batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device)
+        hidden = self.model(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta)
+        output = StepOutput()
+        if batch.sample_indices:
+            output = self._sample(batch, self.model.compute_logits(hidden[batch.logits_rows]))
+        for request, n in zip(batch.requests, batch.num_scheduled, strict=True):
+            request.num_computed_tokens += n
+        output.forward_time_ns = time.perf_counter_ns() - start_ns
+        return output
+
+    def _sample(self, batch: ModelInput, logits: torch.Tensor) -> StepOutput:
+        sampling_requests = [batch.requests[i] for i in batch.sample_indices]
+        rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids)
+                for r in sampling_requests]
+        token_ids, logprobs = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
+        token_ids = token_ids.tolist()
+        for request, token_id in zip(sampling_requests, token_ids, strict=True):
+            request.token_ids.append(token_id)
+        return StepOutput(req_ids=[r.req_id for r in sampling_requests], sampled_token_ids=token_ids,
+                          logprobs=logprobs)

@@ -1,0 +1,26 @@
+"""The worker's mirror of one live request: enough to compute its next tokens without resending its context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestState:
+    req_id: str
+    token_ids: list[int]  # prompt, then every sampled token (the worker appends its own samples)
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # tokens whose KV is in the cache
+    stop_token_ids: tuple[int, ...]  # banned by the sampler until min_tokens outputs exist
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]

@@ -1,0 +1,19 @@
+"""The gpu-worker's configuration: one frozen dataclass, filled once from CLI flags / environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    model_dir: str
+    model_name: str | None = None  # served name; defaults to the folder name
+    dtype: str = "auto"  # auto (the checkpoint's), float32, bfloat16, float16
+    device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
+    block_size: int = 16
+    kv_cache_memory_bytes: int = 2 * 1024**3  # CPU budget for the KV pool
+    gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool
+    attention_backend: str = "auto"  # auto, torch, triton
+    max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)

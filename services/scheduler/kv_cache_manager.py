@@ -1,0 +1,109 @@
+"""The only block-level API the scheduler uses: prefix lookups, slot allocation, caching and freeing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.block_pool import Block, BlockPool
+from services.scheduler.prefix_cache import PrefixIndex, extend_block_keys
+from services.scheduler.request import Request
+
+
+@dataclass
+class PrefixHit:
+    blocks: list[Block]
+
+    def num_tokens(self, block_size: int) -> int:
+        return len(self.blocks) * block_size
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool, watermark: float) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.prefix_index = PrefixIndex()
+        self.pool = BlockPool(num_blocks, self.prefix_index)
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.blocks_of: dict[str, list[Block]] = {}  # req_id -> its blocks in logical order
+        self.num_cached_of: dict[str, int] = {}  # req_id -> how many of its leading blocks are already indexed
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def block_ids(self, req_id: str) -> list[int]:
+        return [b.block_id for b in self.blocks_of.get(req_id, [])]
+
+    def find_prefix(self, request: Request) -> PrefixHit:
+        """Longest run of cached full blocks; at least one token is always left to compute (for logits)."""
+        if not self.enable_prefix_caching:
+            return PrefixHit([])
+        extend_block_keys(request.block_hashes, request.token_ids, self.block_size, request.cache_salt)
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[Block] = []
+        for key in request.block_hashes[:max_blocks]:
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            hit.append(block)
+        return PrefixHit(hit)
+
+    def record_prefix_query(self, num_tokens: int, prefix: PrefixHit) -> None:
+        """Count a lookup once, when the request it served is admitted."""
+        counters = self.prefix_index.counters
+        counters.num_queries += num_tokens
+        counters.num_hits += prefix.num_tokens(self.block_size)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, prefix: PrefixHit | None = None,
+                       admission: bool = False) -> list[int] | None:
+        """Blocks for `num_new_tokens` more tokens after the computed ones (and the prefix hit), or None when the
+        pool cannot give them. Admissions must also leave the watermark free. Returns the ids appended."""
+        hit = prefix.blocks if prefix else []
+        owned = self.blocks_of.setdefault(request.req_id, [])
+        num_computed = request.num_computed_tokens + len(hit) * self.block_size
+        num_new_blocks = max(0, self.blocks_needed(num_computed + num_new_tokens) - len(owned) - len(hit))
+        num_hit_free = sum(1 for b in hit if b.ref_count == 0)  # touching these takes them off the free queue
+        reserve = self.watermark_blocks if admission else 0
+        if num_new_blocks + num_hit_free + reserve > self.pool.num_free_blocks:
+            if not owned:
+                del self.blocks_of[request.req_id]
+            return None
+        self.pool.touch(hit)
+        appended = hit + self.pool.allocate(num_new_blocks)
+        owned.extend(appended)
+        return [b.block_id for b in appended]
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Index every block of the request that is now full of computed tokens."""
+        if not self.enable_prefix_caching:
+            return
+        extend_block_keys(request.block_hashes, request.token_ids, self.block_size, request.cache_salt)
+        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+        blocks = self.blocks_of[request.req_id]
+        for index in range(self.num_cached_of.get(request.req_id, 0), num_full):
+            self.pool.cache(blocks[index], request.block_hashes[index])
+        self.num_cached_of[request.req_id] = max(num_full, self.num_cached_of.get(request.req_id, 0))
+
+    def free(self, request: Request) -> None:
+        """Release all blocks of the request; its last blocks go first in the eviction order."""
+        blocks = self.blocks_of.pop(request.req_id, [])
+        self.num_cached_of.pop(request.req_id, None)
+        self.pool.release(list(reversed(blocks)))
+
+    def check_integrity(self) -> None:
+        """free + in use == total; ref counts equal the number of owners; free <=> unreferenced; keys consistent."""
+        owners: dict[int, int] = {}
+        for req_id, blocks in self.blocks_of.items():
+            assert len({b.block_id for b in blocks}) == len(blocks), f"request {req_id} owns a block twice"
+            for block in blocks:
+                owners[block.block_id] = owners.get(block.block_id, 0) + 1
+        for block in self.pool.blocks:
+            assert block.ref_count == owners.get(block.block_id, 0), f"block {block.block_id} ref count mismatch"
+            assert (block.ref_count == 0) == (block.block_id in self.pool.free_queue), f"block {block.block_id}"
+            if block.key is not None:
+                assert self.prefix_index.get(block.key) == block.block_id, f"block {block.block_id} key not indexed"
+        assert len(owners) + self.pool.num_free_blocks == self.pool.num_blocks, "blocks lost or double counted"
+        assert len(self.prefix_index) == sum(1 for b in self.pool.blocks if b.key is not None)

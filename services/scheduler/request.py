@@ -1,0 +1,56 @@
+"""The scheduler's view of one request: its tokens, progress and status."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.request_io import FinishReason, GenerateRequest
+from shared.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # waiting again, its blocks taken back; resumes by recomputing
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    req_id: str
+    token_ids: list[int]  # prompt followed by outputs
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    cache_salt: str | None
+    arrival_time_s: float
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache; catches up with len(token_ids)
+    num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    on_worker: bool = False  # the worker holds a mirror of this request
+    num_blocks_on_worker: int = 0  # block ids already sent to the worker
+    num_outputs_reported: int = 0  # output tokens already handed out in a RequestOutput
+    block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of this request's full blocks
+
+    @classmethod
+    def from_generate(cls, request: GenerateRequest) -> Request:
+        return cls(request.req_id, list(request.prompt_token_ids), len(request.prompt_token_ids), request.sampling,
+                   request.cache_salt, request.arrival_time_s)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

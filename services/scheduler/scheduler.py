@@ -1,0 +1,205 @@
+"""Continuous batching: every step, decodes first, then prefill chunks, then admissions, within a token budget.
+
+There is no prefill or decode phase: each request only has `num_computed_tokens` catching up with its tokens.
+A decode is a request one token behind; a chunked prefill or a prefix hit is just a bigger gap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.scheduler_config import SchedulerConfig
+from services.scheduler.scheduler_stats import SchedulerStats
+from services.scheduler.stop_checker import check_stop
+from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, WorkerDescription
+
+
+class RequestRejected(ValueError):
+    """A request that can never run here (too long for the context or the pool); maps to a 400."""
+
+
+@dataclass
+class SchedulerOutput:
+    step_input: StepInput  # what the worker runs
+    preempted_req_ids: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, worker: WorkerDescription) -> None:
+        self.config = config
+        self.worker = worker
+        self.kv = KVCacheManager(worker.num_kv_blocks, worker.block_size, config.enable_prefix_caching,
+                                 config.watermark)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
+        self.stats = SchedulerStats()
+
+    # --- requests in and out -------------------------------------------------------------------------------
+
+    def add_request(self, generate: GenerateRequest) -> None:
+        if generate.req_id in self.requests:
+            raise RequestRejected(f"request id {generate.req_id!r} is already in use")
+        self._validate(generate)
+        request = Request.from_generate(generate)
+        self.requests[request.req_id] = request
+        self.waiting.append(request)
+
+    def _validate(self, generate: GenerateRequest) -> None:
+        num_prompt, limit = len(generate.prompt_token_ids), self.worker.max_model_len
+        if num_prompt == 0:
+            raise RequestRejected("the prompt is empty")
+        if num_prompt >= limit:
+            raise RequestRejected(f"the prompt has {num_prompt} tokens but this model's context limit is {limit} "
+                                  f"tokens (at least one must remain for the output)")
+        max_tokens = min(num_prompt + generate.sampling.max_tokens, limit)
+        if self.kv.blocks_needed(max_tokens) > self.worker.num_kv_blocks:
+            raise RequestRejected(
+                f"the request needs up to {max_tokens} tokens of KV cache "
+                f"({self.kv.blocks_needed(max_tokens)} blocks) but the whole pool holds "
+                f"{self.worker.num_kv_blocks * self.worker.block_size} tokens ({self.worker.num_kv_blocks} blocks)")
+        bad = [t for t in generate.prompt_token_ids if not 0 <= t < self.worker.vocab_size]
+        if bad:
+            raise RequestRejected(f"token id {bad[0]} is out of the vocabulary (size {self.worker.vocab_size})")
+
+    def abort_request(self, req_id: str) -> bool:
+        """Drop a request at any time; its blocks are free at once. False when it was unknown or finished."""
+        request = self.requests.get(req_id)
+        if request is None or request.is_finished:
+            return False
+        self._finish(request, FinishReason.ABORT)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # --- one step ------------------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        step = StepInput(finished_req_ids=self.finished_req_ids)
+        self.finished_req_ids = []
+        preempted: list[Request] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            request = self.running[index]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if not self._allocate_or_preempt(request, num_new, preempted):
+                break  # the request preempted itself: nothing after it is running any more
+            self._schedule(request, num_new, step)
+            budget -= num_new
+            index += 1
+        for request in preempted:
+            if request.on_worker:
+                step.finished_req_ids.append(request.req_id)
+                request.on_worker = False
+        if not preempted:
+            self._admit(budget, step)
+        self.stats.record_step(step.total_num_scheduled_tokens, len(preempted))
+        return SchedulerOutput(step, [r.req_id for r in preempted])
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
+        """Get blocks for the request's next tokens, preempting the newest running requests until it fits."""
+        while self.kv.allocate_slots(request, num_new) is None:
+            victim = self.running.pop()
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_blocks_on_worker = 0
+        request.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _admit(self, budget: int, step: StepInput) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            prefix = self.kv.find_prefix(request)
+            num_computed = prefix.num_tokens(self.kv.block_size)
+            num_new = request.num_tokens - num_computed
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            num_new = min(num_new, budget)
+            if self.kv.allocate_slots(request, num_new, prefix, admission=True) is None:
+                break
+            self.waiting.popleft()
+            self._start(request, num_computed, prefix)
+            self._schedule(request, num_new, step)
+            budget -= num_new
+
+    def _start(self, request: Request, num_computed: int, prefix: PrefixHit) -> None:
+        request.status = RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed
+        self.kv.record_prefix_query(request.num_tokens, prefix)
+        if request.num_cached_tokens is None:
+            request.num_cached_tokens = num_computed
+        self.running.append(request)
+
+    def _schedule(self, request: Request, num_new: int, step: StepInput) -> None:
+        """Add the request to the step, as a new mirror or as the delta since its last step."""
+        block_ids = self.kv.block_ids(request.req_id)
+        if request.on_worker:
+            step.cached_requests.append(CachedRequest(
+                request.req_id, block_ids[request.num_blocks_on_worker:], request.num_computed_tokens))
+        else:
+            step.new_requests.append(NewRequest(
+                request.req_id, list(request.token_ids), request.num_prompt_tokens, request.sampling, block_ids,
+                request.num_computed_tokens))
+            request.on_worker = True
+        request.num_blocks_on_worker = len(block_ids)
+        step.num_scheduled_tokens[request.req_id] = num_new
+
+    # --- after the worker ran the step ---------------------------------------------------------------------
+
+    def update_from_output(self, scheduled: SchedulerOutput, output: StepOutput) -> list[RequestOutput]:
+        """Advance computed tokens, append sampled tokens, apply stop conditions; one output per touched request."""
+        for req_id, num in scheduled.step_input.num_scheduled_tokens.items():
+            request = self.requests.get(req_id)
+            if request is not None and request.status is RequestStatus.RUNNING:
+                request.num_computed_tokens += num
+                self.kv.cache_full_blocks(request)
+        outputs = []
+        for req_id, token_id, logprobs in zip(output.req_ids, output.sampled_token_ids, output.logprobs,
+                                              strict=True):
+            request = self.requests.get(req_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            request.token_ids.append(token_id)
+            reason = check_stop(request, token_id, self.worker.eos_token_ids, self.worker.max_model_len)
+            if reason is not None:
+                self._finish(request, reason)
+            outputs.append(self._output(request, [logprobs]))
+        return outputs
+
+    def _output(self, request: Request, logprobs: list) -> RequestOutput:
+        new_tokens = request.output_token_ids[request.num_outputs_reported:]
+        request.num_outputs_reported = request.num_output_tokens
+        return RequestOutput(request.req_id, new_tokens, logprobs, request.finish_reason, request.num_prompt_tokens,
+                             request.num_cached_tokens or 0, request.num_output_tokens)
+
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        if request.on_worker:
+            self.finished_req_ids.append(request.req_id)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        del self.requests[request.req_id]
+        self.stats.record_finish(reason)
+
+    def snapshot_stats(self) -> SchedulerStats:
+        return self.stats.snapshot(num_running=len(self.running), num_waiting=len(self.waiting),
+                                   kv_usage=self.kv.usage, prefix=self.kv.prefix_index.counters)

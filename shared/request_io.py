@@ -1,0 +1,42 @@
+"""The gateway -> scheduler contract as domain dataclasses: what a request brings, what flows back per step."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from shared.sampling_params import SamplingParams
+from shared.step_protocol import TokenLogprobs
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS or a stop token id (stop strings are the gateway's, it aborts on them)
+    LENGTH = "length"  # max_tokens or the model's context limit
+    ABORT = "abort"  # cancelled by the client or the gateway
+
+
+@dataclass
+class GenerateRequest:
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    cache_salt: str | None = None  # separates prefix-cache entries between tenants
+    arrival_time_s: float = field(default_factory=time.time)
+
+
+@dataclass
+class RequestOutput:
+    """The delta of one request after one step (new tokens since the last output), and the end when finished."""
+
+    req_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs | None]
+    finish_reason: FinishReason | None  # None while running
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+    num_output_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,70 @@
+"""Per-request sampling parameters, shared by the gateway, the scheduler and the worker."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; `param` names it (maps to a 400 with `param`)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 (or -1) disables top-k
+    min_p: float = 0.0
+    seed: int | None = None  # per-request seed: same seed, same prompt -> same output
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: no logprobs; N >= 0: sampled token plus top-N
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def validate(self) -> None:
+        checks = [
+            (self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
+            (self.min_tokens <= self.max_tokens, "min_tokens",
+             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
+            (self.temperature >= 0.0, "temperature", f"temperature must be non-negative, got {self.temperature}"),
+            (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
+            (self.top_k >= -1, "top_k", f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}"),
+            (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+             f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+             f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
+            (self.repetition_penalty > 0.0, "repetition_penalty",
+             f"repetition_penalty must be positive, got {self.repetition_penalty}"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
+             f"logprobs must be between 0 and 20, got {self.logprobs}"),
+        ]
+        for ok, param, message in checks:
+            if not ok:
+                raise SamplingParamsError(message, param)
+        for token_id, bias in self.logit_bias.items():
+            if not -100.0 <= bias <= 100.0:
+                raise SamplingParamsError(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias")
+            if token_id < 0:
+                raise SamplingParamsError(f"logit_bias token ids must be non-negative, got {token_id}", "logit_bias")

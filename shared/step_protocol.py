@@ -1,0 +1,87 @@
+"""The scheduler -> worker step contract as domain dataclasses (proto messages stop at the servicers).
+
+One call per engine step. A request the worker sees for the first time arrives as `NewRequest` with everything
+it needs; afterwards it arrives as `CachedRequest` carrying only what changed. The worker keeps a mirror of each
+live request and appends the tokens it samples, so a step's payload grows with the step, not with the context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.sampling_params import SamplingParams
+
+
+@dataclass
+class NewRequest:
+    """First appearance of a request on the worker (or reappearance after preemption)."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + any output generated before a preemption; the worker computes a slice of it
+    num_prompt_tokens: int  # token_ids[num_prompt_tokens:] are outputs (they count for penalties)
+    sampling: SamplingParams
+    block_ids: list[int]  # physical KV blocks of this request, in logical order
+    num_computed_tokens: int  # tokens whose KV is already in the cache (prefix-cache hit); compute starts here
+
+
+@dataclass
+class CachedRequest:
+    """A request the worker already mirrors: only newly appended blocks travel."""
+
+    req_id: str
+    new_block_ids: list[int]
+    num_computed_tokens: int  # the scheduler's view, checked against the worker's mirror
+
+
+@dataclass
+class StepInput:
+    new_requests: list[NewRequest] = field(default_factory=list)
+    cached_requests: list[CachedRequest] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens computed this step
+    finished_req_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted: drop the mirror
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprob of the sampled token plus the top-N alternatives, from the model's raw distribution."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1-based rank of the sampled token in the raw distribution
+    top_token_ids: list[int]
+    top_logprobs: list[float]
+
+
+@dataclass
+class StepOutput:
+    """Sampled tokens for the requests that reached the end of their known tokens this step."""
+
+    req_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # parallel to req_ids
+    forward_time_ns: int = 0  # time spent in the forward pass and sampling, for stats and tracing
+
+
+@dataclass(frozen=True)
+class WorkerDescription:
+    """What the worker tells the scheduler at start-up: model facts and the KV pool it allocated."""
+
+    model_name: str
+    architecture: str
+    max_model_len: int
+    vocab_size: int
+    num_kv_blocks: int
+    block_size: int
+    eos_token_ids: tuple[int, ...]
+    dtype: str
+    device: str
+    attention_backend: str
+    kv_cache_bytes: int
