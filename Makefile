@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup model run test test-unit lint bench-engine redis-server clean
+.PHONY: setup model run test test-unit lint bench-engine redis-server gpu-check clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,11 @@ lint: $(STAMP)
 
 bench-engine: model
 	$(PY) -m services.engine.bench_decode --model $(MODEL_DIR)
+
+# On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
+# Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.
+gpu-check:
+	$(PYTHON) -m kernels.gpu_check
 
 clean:
 	rm -rf $(VENV) models bench-results

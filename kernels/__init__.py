@@ -1,0 +1,1 @@
+"""Triton kernels for paged attention: cache write, paged decode (split-K) and paged prefill."""

@@ -1,0 +1,1 @@
+"""Triton kernel tests against plain torch references (interpreter on CPU, native with kernels.gpu_check)."""

@@ -1,0 +1,30 @@
+"""Kernel tests: Triton runs in its CPU interpreter unless TRITON_INTERPRET is already set (gpu_check sets it to 0)."""
+
+from __future__ import annotations
+
+import os
+
+# Must happen before the first `import triton`: @triton.jit picks interpreter or compiler when a kernel is defined.
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+try:
+    import triton  # noqa: F401
+except ImportError as exc:  # a missing triton is a broken environment, never a reason to skip
+    raise RuntimeError("tests/kernels need the `triton` package; install the project's dependencies") from exc
+
+import pytest
+import torch
+from triton.runtime.interpreter import InterpretedFunction
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    """cpu under the interpreter, cuda when compiling natively; fails if the kernels were built the other way."""
+    from kernels.paged_decode_attention import _decode_split_kernel
+
+    interpreted = os.environ["TRITON_INTERPRET"] == "1"
+    if isinstance(_decode_split_kernel, InterpretedFunction) != interpreted:
+        raise RuntimeError("kernels were imported before TRITON_INTERPRET was set; run the suite in a fresh process")
+    if not interpreted and not torch.cuda.is_available():
+        raise RuntimeError("TRITON_INTERPRET is not 1 but no CUDA device is present")
+    return torch.device("cpu" if interpreted else "cuda")

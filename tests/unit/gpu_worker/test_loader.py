@@ -1,0 +1,59 @@
+"""Loading checkpoints: dtypes, tied embeddings, the error for unsupported architectures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from services.gpu_worker.model_config import UnsupportedModelError, load_model_config
+from tests.unit.gpu_worker.test_logits_vs_transformers import prompt, reference_logits
+from tests.unit.gpu_worker.tiny_models import PagedModel, make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("llama")
+    return make_tiny_model("llama", folder), folder
+
+
+@pytest.mark.parametrize("dtype,atol", [("bfloat16", 0.02), ("float16", 0.003)])
+def test_half_precision_logits_stay_close_to_fp32(tiny_llama, dtype, atol):
+    """bf16 keeps 8 mantissa bits (relative step 2^-8 = 0.4%), fp16 11 (0.05%). Logits here are of magnitude ~1.3
+    and pass through two layers of rounded matmuls and norms: a few roundings of ~0.005 (bf16) or ~0.0006 (fp16)
+    each, bounded by 0.02 and 0.003 (measured: 0.0035 and 0.0006)."""
+    hf_model, folder = tiny_llama
+    tokens = prompt(8, 30)
+    paged = PagedModel(folder, dtype=dtype)
+    assert paged.model.embed_tokens.weight.dtype == getattr(torch, dtype)
+    assert paged.kv.key_caches[0].dtype == getattr(torch, dtype)
+    logits = paged.step([(paged.new_request("a", tokens), len(tokens))])["a"]
+    reference = reference_logits(hf_model, tokens)
+    assert (logits - reference).abs().max().item() < atol
+    assert (logits - reference).abs().max().item() > 0  # really ran in reduced precision
+
+
+def test_tied_embeddings_have_no_lm_head(tiny_llama):
+    _, folder = tiny_llama
+    paged = PagedModel(folder)
+    assert paged.config.tie_word_embeddings and paged.model.lm_head is None
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(UnsupportedModelError) as error:
+        load_model_config(tmp_path)
+    message = str(error.value)
+    assert "GPT2LMHeadModel" in message
+    for name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"):
+        assert name in message
+
+
+def test_unknown_rope_type_is_rejected(tmp_path, tiny_llama):
+    _, folder = tiny_llama
+    raw = json.loads((folder / "config.json").read_text())
+    raw["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UnsupportedModelError, match="yarn"):
+        load_model_config(tmp_path)
