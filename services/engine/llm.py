@@ -26,6 +26,12 @@ class Completion:
     text: str = ""
 
 
+def chat_token_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The conversation rendered by the model's chat template, ready for the assistant's turn."""
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
 class LLM:
     def __init__(self, worker_config: WorkerConfig, scheduler_config: SchedulerConfig | None = None) -> None:
         from transformers import AutoTokenizer
@@ -33,11 +39,11 @@ class LLM:
         self.engine = LLMEngine(Worker(worker_config), scheduler_config or SchedulerConfig())
         self.tokenizer = AutoTokenizer.from_pretrained(worker_config.model_dir)
 
-    def chat_prompt(self, user_message: str) -> list[int]:
+    def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:
         """Token ids of a one-turn conversation through the model's chat template."""
-        encoded = self.tokenizer.apply_chat_template([{"role": "user", "content": user_message}],
-                                                     add_generation_prompt=True, tokenize=True)
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": user_message}]
+        return chat_token_ids(self.tokenizer, messages)
 
     def generate(self, prompts: list[Prompt], sampling: SamplingParams | list[SamplingParams],
                  cache_salt: str | None = None) -> list[Completion]:

@@ -1,0 +1,1 @@
+"""`pagedserve bench`: a streaming load generator and metrics reporter for OpenAI-compatible servers."""

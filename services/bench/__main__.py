@@ -1,0 +1,3 @@
+from services.bench.cli import main
+
+raise SystemExit(main())
