@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup model run test test-unit lint bench-engine redis-server gpu-check clean
+.PHONY: setup model run protos test test-unit lint bench-engine redis-server gpu-check clean
 
 setup: $(STAMP)
 
@@ -25,8 +25,30 @@ redis-server:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	  else echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
 
+# `make run`: serve MODEL_DIR in the foreground (gateway on PORT); Ctrl-C stops everything. The scheduler's Redis
+# state copy is optional: an already running Redis on REDIS_PORT is used, else redis-server is started if installed.
+PORT ?= 8000
+REDIS_PORT ?= 6379
+SERVE := $(VENV)/bin/pagedserve serve $(MODEL_DIR) --port $(PORT)
+REDIS_URL := redis://127.0.0.1:$(REDIS_PORT)/0
+
 run: model
-	$(PY) -m services.engine.demo --model $(MODEL_DIR) "What is the capital of France?"
+	@if command -v redis-cli >/dev/null 2>&1 && redis-cli -p $(REDIS_PORT) ping >/dev/null 2>&1; then \
+	  echo "make run: using the Redis already listening on port $(REDIS_PORT)"; \
+	  $(SERVE) --redis-url $(REDIS_URL); \
+	elif command -v redis-server >/dev/null 2>&1; then \
+	  redis-server --port $(REDIS_PORT) --bind 127.0.0.1 --save '' --appendonly no --loglevel warning & \
+	  redis_pid=$$!; trap 'kill $$redis_pid 2>/dev/null' EXIT; \
+	  $(SERVE) --redis-url $(REDIS_URL); \
+	else \
+	  echo "make run: redis-server is not installed, serving without the Redis state copy."; \
+	  echo "  To get one: sudo apt-get install -y redis-server  (or 'make redis-server' as root), then 'make run'."; \
+	  $(SERVE); \
+	fi
+
+# Regenerate services/proto_gen/ from proto/ (the generated code is committed; a unit test checks it is current).
+protos: $(STAMP)
+	$(PY) tools/gen_protos.py
 
 test: model redis-server
 	$(PY) -m ruff check .

@@ -4,7 +4,6 @@ not change greedy outputs, and the prefix cache must save the shared prompt's co
 from __future__ import annotations
 
 import pytest
-
 from transformers import AutoTokenizer
 
 from services.engine.llm import LLM, Completion, chat_token_ids
