@@ -57,8 +57,10 @@ test: model redis-server
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Engine benchmarks (in-process, no services): decode tok/s vs transformers; what batching and prefix caching buy.
 bench-engine: model
 	$(PY) -m services.engine.bench_decode --model $(MODEL_DIR)
+	$(PY) -m services.engine.bench_scheduler --model $(MODEL_DIR)
 
 # On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
 # Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.

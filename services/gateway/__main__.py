@@ -1,0 +1,38 @@
+"""`python -m services.gateway MODEL_DIR [flags]`: the OpenAI-compatible HTTP gateway (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewayConfig
+from services.gateway.sampling import load_generation_defaults
+from services.gateway.scheduler_client import SchedulerClient
+from services.gateway.serving import Serving
+from services.gateway.tokenizer import PromptTokenizer
+from shared.cli_config import parse_config
+from shared.log_setup import setup_logging
+from shared.tracing import setup_tracing, shutdown_tracing
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    config = parse_config(GatewayConfig, argv, __doc__, prog=prog, positional=("model_dir",))
+    setup_logging(config.log_level)
+    tracing = setup_tracing("pagedserve-gateway")
+    serving = Serving(config, PromptTokenizer(config.model_dir),
+                      SchedulerClient(config.scheduler_address, config.scheduler_timeout_s),
+                      load_generation_defaults(config.model_dir))
+    app = create_app(serving, instrument=tracing)
+    try:
+        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
+                    timeout_graceful_shutdown=5, log_config=None)
+    finally:
+        shutdown_tracing()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

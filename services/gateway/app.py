@@ -1,0 +1,150 @@
+"""The FastAPI app: routes, API-key check, request counting. Endpoint logic lives in chat.py / completions.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import re
+import uuid
+from importlib import metadata
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from services.gateway.chat import create_chat_completion
+from services.gateway.completions import create_completion
+from services.gateway.errors import OpenAIError, error_response, install_error_handlers
+from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from services.gateway.serving import Serving
+
+_REQ_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # safe inside Redis keys and span attributes
+_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pagedserve")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def request_id(request: Request) -> str:
+    """The client's X-Request-Id when it is safe to use, else a fresh one: the req_id in every service."""
+    given = request.headers.get("x-request-id", "")
+    return given if _REQ_ID.match(given) else uuid.uuid4().hex
+
+
+def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        serving.client.connect()
+        watcher = asyncio.create_task(serving.watch_scheduler())
+        yield
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        await serving.client.close()
+
+    app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
+    install_error_handlers(app)
+    app.add_middleware(AuthAndCount, serving=serving)
+    _add_routes(app, serving)
+    if instrument:
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,metrics")
+    return app
+
+
+class AuthAndCount:
+    """Pure ASGI middleware (it leaves `receive` alone, so disconnects stay visible): API key, request counts."""
+
+    def __init__(self, app, serving: Serving) -> None:
+        self.app = app
+        self.serving = serving
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        api_key, counter = self.serving.config.api_key, self.serving.metrics.http_requests
+        if api_key and scope["path"].startswith(_PROTECTED_PREFIXES) and not _has_key(scope, api_key):
+            counter.labels(scope["path"], "401").inc()
+            response = error_response(OpenAIError(401, "Incorrect or missing API key: pass 'Authorization: "
+                                                       "Bearer <key>'", code="invalid_api_key"))
+            await response(scope, receive, send)
+            return
+        status = ["500"]
+
+        async def send_and_note_status(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note_status)
+        finally:
+            route = scope.get("route")
+            counter.labels(route.path if route else "unmatched", status[0]).inc()
+
+
+def _has_key(scope, api_key: str) -> bool:
+    given = dict(scope["headers"]).get(b"authorization", b"")
+    return hmac.compare_digest(given, f"Bearer {api_key}".encode())
+
+
+def _add_routes(app: FastAPI, serving: Serving) -> None:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await create_chat_completion(body, serving, request, request_id(request))
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        return await create_completion(body, serving, request, request_id(request))
+
+    @app.get("/v1/models")
+    async def models():
+        model = serving.require_model(None)
+        return {"object": "list", "data": [{
+            "id": model.model_name, "object": "model", "created": 0, "owned_by": "pagedserve",
+            "root": serving.config.model_dir, "max_model_len": model.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if not serving.ready:
+            raise OpenAIError(503, "the scheduler is not ready", code="service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/version")
+    async def version():
+        return {"version": _version()}
+
+    @app.get("/metrics")
+    async def metrics():
+        try:
+            stats = await serving.client.get_stats()
+        except Exception:  # scrapes must not fail when the scheduler is down: pagedserve_scheduler_up 0
+            stats = None
+        return Response(serving.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        model = serving.require_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "pass exactly one of prompt and messages", param="prompt")
+        if body.messages is not None:
+            tokens = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()}
+                                                        for m in body.messages])
+        else:
+            tokens = serving.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": model.max_model_len}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        model = serving.require_model(body.model)
+        bad = [t for t in body.tokens if not 0 <= t < model.vocab_size]
+        if bad:
+            raise OpenAIError(400, f"token id {bad[0]} is out of the vocabulary (size {model.vocab_size})",
+                              param="tokens")
+        return JSONResponse({"prompt": serving.tokenizer.decode(body.tokens, skip_special_tokens=False)})

@@ -1,0 +1,72 @@
+"""POST /v1/completions: raw prompts (text or token ids, one or several), streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+
+from services.gateway.errors import OpenAIError
+from services.gateway.generation import ChoiceDelta
+from services.gateway.logprobs_format import completion_logprobs
+from services.gateway.protocol import CompletionRequest
+from services.gateway.sampling import RequestShape
+from services.gateway.serving import Serving
+from services.gateway.streaming import collect_until_disconnect, run_choices, sse_events, usage_of
+
+ENDPOINT = "completions"
+SHAPE = RequestShape("prompt", "max_tokens", "logprobs")
+
+
+def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [serving.tokenizer.encode(prompt)]
+    if not prompt:
+        raise OpenAIError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    return [serving.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+def _check_unsupported(body: CompletionRequest) -> None:
+    if body.suffix is not None:
+        raise OpenAIError(400, "suffix is not supported", param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise OpenAIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+
+
+async def create_completion(body: CompletionRequest, serving: Serving, request: Request, req_id: str):
+    model = serving.require_model(body.model)
+    _check_unsupported(body)
+    prompts = _prompts(body, serving)
+    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
+    echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
+    response_id, created = f"cmpl-{req_id}", int(time.time())
+    base = {"id": response_id, "object": "text_completion", "created": created, "model": model.model_name}
+    if body.stream:
+        extra = {"usage": None} if body.include_usage else {}
+        offsets = {job.index: 0 for job in jobs}
+
+        def to_chunk(delta: ChoiceDelta) -> dict:
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(serving.tokenizer, delta.logprobs, offsets[delta.index])
+                offsets[delta.index] += len(delta.text)
+            choice = {"index": delta.index, "text": delta.text, "logprobs": logprobs,
+                      "finish_reason": delta.finish_reason}
+            return {**base, "choices": [choice], **extra}
+
+        head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
+                                      "finish_reason": None}], **extra} for job in jobs if body.echo]
+        usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
+        events = sse_events(run_choices(serving, jobs, ENDPOINT, req_id), head, to_chunk, usage_chunk)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id})
+    results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
+    choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
+                "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None
+                else None, "finish_reason": r.finish_reason} for r in results]
+    return JSONResponse({"id": response_id, "object": "text_completion", "created": created,
+                         "model": model.model_name, "choices": choices, "usage": usage_of(results)},
+                        headers={"X-Request-Id": req_id})

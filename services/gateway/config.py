@@ -1,0 +1,18 @@
+"""The gateway's configuration: one frozen dataclass, filled once in `__main__` from flags / environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    model_dir: str  # Hugging Face model folder: tokenizer, chat template, generation_config.json
+    host: str = "127.0.0.1"  # interface the HTTP server binds (0.0.0.0 for all)
+    port: int = 8000  # the OpenAI-compatible HTTP port
+    scheduler_address: str = "127.0.0.1:50051"  # host:port of the scheduler's gRPC server
+    api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
+    max_num_choices: int = 16  # upper bound on `n` (each choice is one scheduler request)
+    health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
+    scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
+    log_level: str = "info"  # debug, info, warning, error

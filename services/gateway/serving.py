@@ -1,0 +1,81 @@
+"""What every endpoint needs: the scheduler client, tokenizer, model facts, defaults and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from services.gateway.config import GatewayConfig
+from services.gateway.errors import OpenAIError
+from services.gateway.generation import ChoiceJob
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.protocol import SamplingFields
+from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_params
+from services.gateway.scheduler_client import SchedulerClient
+from services.gateway.tokenizer import PromptTokenizer
+from shared.request_io import GenerateRequest
+from shared.step_protocol import WorkerDescription
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Serving:
+    config: GatewayConfig
+    tokenizer: PromptTokenizer
+    client: SchedulerClient
+    generation_defaults: dict
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    model: WorkerDescription | None = None  # set once the scheduler described its worker
+    ready: bool = False  # the scheduler reports SERVING
+
+    def require_model(self, requested: str | None) -> WorkerDescription:
+        """The served model; 503 before the scheduler is ready, 404 for another model name."""
+        if not self.ready or self.model is None:
+            raise OpenAIError(503, "the scheduler is not ready yet", code="service_unavailable")
+        if requested not in (None, self.model.model_name, self.config.model_dir):
+            raise OpenAIError(404, f"The model `{requested}` does not exist.", param="model",
+                              code="model_not_found")
+        return self.model
+
+    @property
+    def limits(self) -> ModelLimits:
+        assert self.model is not None, "require_model() first"
+        return ModelLimits(self.model.max_model_len, self.model.vocab_size)
+
+    def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
+                   logprobs: int | None, shape: RequestShape) -> list[ChoiceJob]:
+        """n scheduler requests per prompt; one req_id when there is one choice, `{req_id}-{i}` otherwise."""
+        if body.n > self.config.max_num_choices:
+            raise OpenAIError(400, f"n must be at most {self.config.max_num_choices}, got {body.n}", param="n")
+        jobs = []
+        num_choices = len(prompts) * body.n
+        for prompt_index, prompt_ids in enumerate(prompts):
+            for i in range(body.n):
+                params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
+                                               self.generation_defaults, self.limits, shape)
+                index = len(jobs)
+                choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
+                jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
+                                                                           body.cache_salt), body.stop_strings))
+        return jobs
+
+    async def watch_scheduler(self) -> None:
+        """Poll the scheduler's health forever; describe its model when it becomes ready."""
+        while True:
+            serving = await self.client.is_serving()
+            if serving and self.model is None:
+                try:
+                    self.model = await self.client.describe()
+                except Exception as exc:  # retried at the next poll
+                    log.warning("describe failed: %s", exc)
+                    serving = False
+            if serving != self.ready:
+                if serving:
+                    log.info("scheduler at %s ready: serving %s (context %d)", self.client.address,
+                             self.model.model_name, self.model.max_model_len)
+                else:
+                    log.warning("scheduler at %s unavailable", self.client.address)
+            self.ready = serving and self.model is not None
+            await asyncio.sleep(self.config.health_poll_interval_s)

@@ -1,0 +1,37 @@
+"""Stop strings over streamed text: cut exactly before the first stop string and never let one leak.
+
+Text that could be the start of a stop string is held back until the next piece decides it; at the end of the
+generation whatever is held is released.
+"""
+
+from __future__ import annotations
+
+
+class StopStringMatcher:
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.stopped = False  # a stop string was found: everything after it is discarded
+
+    def feed(self, text: str, final: bool = False) -> str:
+        """The text that is safe to emit now; `final` releases what is held back."""
+        if self.stopped:
+            return ""
+        buffer = self._held + text
+        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=None)
+        if cut is not None:
+            self.stopped, self._held = True, ""
+            return buffer[:cut]
+        num_held = 0 if final else self._longest_partial_stop(buffer)
+        self._held = buffer[len(buffer) - num_held:] if num_held else ""
+        return buffer[:len(buffer) - num_held]
+
+    def _longest_partial_stop(self, buffer: str) -> int:
+        """Length of the longest suffix of buffer that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self.stops:
+            for length in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest

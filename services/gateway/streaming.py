@@ -1,0 +1,122 @@
+"""Turning choice deltas into responses: SSE framing, usage, metrics and the request's span."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+
+from opentelemetry import trace
+from starlette.requests import Request
+
+from services.gateway.errors import OpenAIError, to_openai_error
+from services.gateway.generation import (
+    ChoiceDelta,
+    ChoiceJob,
+    ChoiceResult,
+    collect_choices,
+    merge_choices,
+    stream_choice,
+)
+from services.gateway.serving import Serving
+from shared.tracing import get_tracer
+
+DISCONNECT_POLL_S = 0.25
+
+
+class UsageTracker:
+    """Usage of a response: prompts counted once each (with the cached tokens of their first choice)."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, ChoiceDelta] = {}
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self._last[delta.index] = delta
+
+    def usage(self) -> dict:
+        first_of_prompt: dict[int, ChoiceDelta] = {}
+        for index in sorted(self._last):
+            first_of_prompt.setdefault(self._last[index].prompt_index, self._last[index])
+        num_prompt = sum(d.num_prompt_tokens for d in first_of_prompt.values())
+        num_output = sum(d.num_output_tokens for d in self._last.values())
+        return {"prompt_tokens": num_prompt, "completion_tokens": num_output, "total_tokens": num_prompt + num_output,
+                "prompt_tokens_details": {"cached_tokens": sum(d.num_cached_tokens for d in first_of_prompt.values())}}
+
+
+def usage_of(results: list[ChoiceResult]) -> dict:
+    tracker = UsageTracker()
+    for r in results:
+        tracker.add(ChoiceDelta(r.index, r.prompt_index, "", [], r.finish_reason, r.num_prompt_tokens,
+                                r.num_cached_tokens, r.num_output_tokens))
+    return tracker.usage()
+
+
+async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, req_id: str
+                      ) -> AsyncIterator[ChoiceDelta]:
+    """All deltas of the request's choices, inside the request's span, with latency and token metrics."""
+    start_s = time.perf_counter()
+    metrics, tracker, first = serving.metrics, UsageTracker(), True
+    span = get_tracer().start_span("gateway.generate", attributes={"req_id": req_id, "endpoint": endpoint,
+                                                                   "num_choices": len(jobs)})
+    with trace.use_span(span, end_on_exit=True):
+        streams = [stream_choice(serving.client, serving.tokenizer, job) for job in jobs]
+        async with contextlib.aclosing(merge_choices(streams)) as deltas:
+            async for delta in deltas:
+                if first and delta.text:
+                    metrics.time_to_first_token.labels(endpoint).observe(time.perf_counter() - start_s)
+                    first = False
+                tracker.add(delta)
+                yield delta
+        usage = tracker.usage()
+        span.set_attributes({"num_prompt_tokens": usage["prompt_tokens"],
+                             "num_output_tokens": usage["completion_tokens"],
+                             "num_cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
+    metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start_s)
+    metrics.prompt_tokens.inc(usage["prompt_tokens"])
+    metrics.generation_tokens.inc(usage["completion_tokens"])
+
+
+async def collect_until_disconnect(request: Request, serving: Serving, jobs: list[ChoiceJob], endpoint: str,
+                                   req_id: str) -> list[ChoiceResult]:
+    """Run a non-streaming request; if the client goes away meanwhile, cancel it (aborting every choice)."""
+    task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id), jobs))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise OpenAIError(499, "client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def sse(data: dict) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_chunk: Callable[[ChoiceDelta], dict],
+                     usage_chunk: Callable[[dict], dict] | None) -> AsyncIterator[str]:
+    """`head` chunks, one chunk per delta, the usage chunk when asked, then [DONE]; errors as an error event."""
+    for chunk in head:
+        yield sse(chunk)
+    tracker = UsageTracker()
+    try:
+        async with contextlib.aclosing(deltas) as stream:
+            async for delta in stream:
+                tracker.add(delta)
+                yield sse(to_chunk(delta))
+    except Exception as exc:  # the status line is gone: report in the stream, as OpenAI does
+        yield sse(to_openai_error(exc).body())
+    else:
+        if usage_chunk is not None:
+            yield sse(usage_chunk(tracker.usage()))
+    yield SSE_DONE

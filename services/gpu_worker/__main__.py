@@ -1,0 +1,55 @@
+"""`python -m services.gpu_worker MODEL_DIR [flags]`: serve one device's model and KV cache over gRPC."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from services.gpu_worker.server import WorkerServicer, build_server, set_serving
+from services.gpu_worker.service_config import WorkerServiceConfig
+from shared.cli_config import parse_config
+from shared.log_setup import setup_logging
+from shared.tracing import setup_tracing, shutdown_tracing
+
+log = logging.getLogger("pagedserve.worker")
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    config = parse_config(WorkerServiceConfig, argv, __doc__, prog=prog, positional=("model_dir",))
+    setup_logging(config.log_level)
+    setup_tracing("pagedserve-worker")
+    servicer = WorkerServicer()
+    server, health_servicer = build_server(servicer, config.worker_host, config.worker_port)
+    server.start()
+    log.info("worker gRPC on %s:%d; loading %s", config.worker_host, config.worker_port, config.worker.model_dir)
+
+    def stop(signum, frame) -> None:
+        log.info("signal %d: stopping (grace %.1fs)", signum, config.grace_period_s)
+        set_serving(health_servicer, False)
+        server.stop(config.grace_period_s)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        from services.gpu_worker.worker import Worker  # torch is imported here, after the port is bound
+
+        servicer.worker = Worker(config.worker)
+    except Exception:
+        log.exception("failed to load the model")
+        server.stop(0)
+        return 1
+    description = servicer.worker.describe()
+    set_serving(health_servicer, True)
+    log.info("worker ready: %s on %s, %d KV blocks of %d tokens (%.0f MiB), attention %s", description.model_name,
+             description.device, description.num_kv_blocks, description.block_size,
+             description.kv_cache_bytes / 1024**2, description.attention_backend)
+    server.wait_for_termination()
+    shutdown_tracing()
+    log.info("worker stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The gpu-worker's gRPC server: Describe and Step around one Worker; health SERVING once the model is loaded.
+
+One process per device. Steps are serialised (one forward at a time); health and Describe answer meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+from typing import TYPE_CHECKING
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import trace
+
+from services.grpc_errors import ServiceNotReady, map_errors
+from services.proto_convert.common import description_to_pb
+from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
+from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
+from shared.step_protocol import StepInput, StepOutput
+from shared.tracing import context_from_traceparent, get_tracer, incoming_context
+
+if TYPE_CHECKING:  # the worker imports torch: the server binds its port (and answers health) first
+    from services.gpu_worker.worker import Worker
+
+log = logging.getLogger(__name__)
+SERVICE_NAME = "pagedserve.v1.WorkerService"
+MAX_MESSAGE_BYTES = 64 * 1024**2
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
+    def __init__(self) -> None:
+        self.worker: Worker | None = None  # set once the model is loaded
+        self._step_lock = threading.Lock()
+
+    def _ready(self) -> Worker:
+        if self.worker is None:
+            raise ServiceNotReady("the worker is still loading the model")
+        return self.worker
+
+    @map_errors
+    def Describe(self, request, context) -> common_pb2.ModelDescription:  # noqa: N802 - gRPC method name
+        return description_to_pb(self._ready().describe())
+
+    @map_errors
+    def Step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:  # noqa: N802
+        worker = self._ready()
+        step = step_input_from_pb(request)
+        tracer = get_tracer()
+        with tracer.start_as_current_span("worker.step", context=incoming_context(context.invocation_metadata()),
+                                          attributes=_step_attributes(request.step_id, step)) as span:
+            request_spans = _start_request_spans(traceparents_from_pb(request), step, span)
+            with self._step_lock:
+                output = worker.execute_step(step)
+            span.set_attribute("forward_time_ns", output.forward_time_ns)
+            _end_request_spans(request_spans, output)
+        return step_output_to_pb(output)
+
+
+def _step_attributes(step_id: int, step: StepInput) -> dict:
+    return {"step_id": step_id, "num_new_requests": len(step.new_requests),
+            "num_cached_requests": len(step.cached_requests),
+            "num_scheduled_tokens": step.total_num_scheduled_tokens}
+
+
+def _start_request_spans(traceparents: dict[str, str], step: StepInput, step_span: trace.Span
+                         ) -> dict[str, trace.Span]:
+    """A span in each new request's own trace, so its trace reaches the worker (linked to the step span)."""
+    if not traceparents or not step_span.is_recording():
+        return {}
+    tracer, links = get_tracer(), [trace.Link(step_span.get_span_context())]
+    spans = {}
+    for new in step.new_requests:
+        if new.req_id in traceparents:
+            spans[new.req_id] = tracer.start_span(
+                "worker.new_request", context=context_from_traceparent(traceparents[new.req_id]), links=links,
+                attributes={"req_id": new.req_id, "num_prompt_tokens": new.num_prompt_tokens,
+                            "num_computed_tokens": new.num_computed_tokens,
+                            "num_scheduled_tokens": step.num_scheduled_tokens.get(new.req_id, 0)})
+    return spans
+
+
+def _end_request_spans(spans: dict[str, trace.Span], output: StepOutput) -> None:
+    sampled = dict(zip(output.req_ids, output.sampled_token_ids, strict=True))
+    for req_id, span in spans.items():
+        span.set_attribute("sampled", req_id in sampled)
+        span.end()
+
+
+def build_server(servicer: WorkerServicer, host: str, port: int) -> tuple[grpc.Server, health.HealthServicer]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise OSError(f"cannot bind the worker's gRPC server to {host}:{port}")
+    return server, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", SERVICE_NAME):
+        health_servicer.set(name, status)

@@ -1,0 +1,16 @@
+"""The gpu-worker process's configuration: the model/KV settings plus where its gRPC server listens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.gpu_worker.worker_config import WorkerConfig
+
+
+@dataclass(frozen=True)
+class WorkerServiceConfig:
+    worker: WorkerConfig
+    worker_host: str = "127.0.0.1"  # interface the worker's gRPC server binds
+    worker_port: int = 50061  # the worker's gRPC port (the scheduler's --worker-address points here)
+    grace_period_s: float = 5.0  # on SIGTERM, how long a running step may take to finish
+    log_level: str = "info"  # debug, info, warning, error

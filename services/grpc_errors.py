@@ -1,0 +1,89 @@
+"""The one place that maps exceptions to gRPC status codes, for every servicer (sync and asyncio).
+
+Exceptions are matched by qualified class name along the MRO, so this module needs no import of the worker
+(torch) or the scheduler to know their errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+
+import grpc
+import grpc.aio
+
+log = logging.getLogger(__name__)
+
+
+class ServiceNotReady(RuntimeError):
+    """The service is up but not serving yet (model loading, waiting for the worker)."""
+
+
+class WorkerUnavailable(RuntimeError):
+    """The worker failed or went away during a step; requests in flight are lost."""
+
+
+_CODES = {
+    "shared.sampling_params.SamplingParamsError": grpc.StatusCode.INVALID_ARGUMENT,
+    "services.scheduler.scheduler.RequestRejected": grpc.StatusCode.INVALID_ARGUMENT,
+    "services.grpc_errors.ServiceNotReady": grpc.StatusCode.UNAVAILABLE,
+    "services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
+    "services.gpu_worker.worker.StepProtocolError": grpc.StatusCode.FAILED_PRECONDITION,
+}
+
+
+def status_code_of(exc: BaseException) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        code = _CODES.get(f"{cls.__module__}.{cls.__qualname__}")
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    code = status_code_of(exc)
+    if code is grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method)
+        return code, f"internal error: {type(exc).__name__}: {exc}"
+    return code, str(exc)
+
+
+def _passes_through(exc: Exception) -> bool:
+    """Errors raised by context.abort() (or a nested call) already carry their status."""
+    return isinstance(exc, grpc.RpcError | grpc.aio.AbortError)
+
+
+def map_errors(method):
+    """Decorate a servicer method (sync, async, or async generator) so exceptions become gRPC statuses."""
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream_wrapper(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:
+                if _passes_through(exc):
+                    raise
+                await context.abort(*_status(exc, method.__name__))
+        return stream_wrapper
+    if inspect.iscoroutinefunction(method):
+        @functools.wraps(method)
+        async def async_wrapper(self, request, context):
+            try:
+                return await method(self, request, context)
+            except Exception as exc:
+                if _passes_through(exc):
+                    raise
+                await context.abort(*_status(exc, method.__name__))
+        return async_wrapper
+
+    @functools.wraps(method)
+    def sync_wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except Exception as exc:
+            if _passes_through(exc):
+                raise
+            context.abort(*_status(exc, method.__name__))
+    return sync_wrapper

@@ -1,0 +1,28 @@
+"""`python -m services.scheduler [flags]`: the scheduler service (continuous batching, KV blocks, prefix cache)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from services.scheduler.server import serve
+from services.scheduler.service_config import SchedulerServiceConfig
+from shared.cli_config import parse_config
+from shared.log_setup import setup_logging
+from shared.tracing import setup_tracing, shutdown_tracing
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    config = parse_config(SchedulerServiceConfig, argv, __doc__, prog=prog)
+    setup_logging(config.log_level)
+    setup_tracing("pagedserve-scheduler")
+    try:
+        asyncio.run(serve(config))
+    finally:
+        shutdown_tracing()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

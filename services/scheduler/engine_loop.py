@@ -1,0 +1,135 @@
+"""The scheduler's asyncio loop: schedule a step, run it on the worker over gRPC, hand outputs to the streams.
+
+Everything that touches the Scheduler runs on the event loop thread, so adds and aborts interleave with steps
+without locks: an abort frees the request's blocks at once, and an output of a step that was in flight for an
+aborted request is dropped by `update_from_output`. The loop sleeps on an event while there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+import grpc.aio
+from opentelemetry import trace
+
+from services.grpc_errors import WorkerUnavailable
+from services.scheduler.scheduler import Scheduler, SchedulerOutput
+from services.scheduler.worker_client import WorkerClient
+from shared.request_io import GenerateRequest, RequestOutput
+from shared.step_protocol import StepOutput
+from shared.tracing import get_tracer
+
+log = logging.getLogger(__name__)
+Item = RequestOutput | Exception  # what a request's queue carries: its outputs, or the error that ended it
+
+
+class StateWriter(Protocol):
+    def request_arrived(self, req_id: str, num_prompt_tokens: int, arrival_time_s: float) -> None: ...
+    def request_first_token(self, req_id: str, num_cached_tokens: int) -> None: ...
+    def request_finished(self, req_id: str, finish_reason: str, num_output_tokens: int,
+                         num_cached_tokens: int) -> None: ...
+
+
+class EngineLoop:
+    def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter) -> None:
+        self.scheduler = scheduler
+        self.worker = worker
+        self.state = state
+        self.ready = True  # False while the worker is lost and being waited for
+        self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
+        self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
+        self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
+        self._wakeup = asyncio.Event()
+        self.num_steps = 0
+
+    @property
+    def num_live_requests(self) -> int:
+        return len(self._queues)
+
+    def add_request(self, request: GenerateRequest, span: trace.Span | None = None,
+                    traceparent: str = "") -> asyncio.Queue[Item]:
+        """Queue a request; raises RequestRejected (or WorkerUnavailable while the worker is lost)."""
+        if not self.ready:
+            raise WorkerUnavailable("the worker is unavailable; retry later")
+        self.scheduler.add_request(request)
+        queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._queues[request.req_id] = queue
+        if span is not None and span.get_span_context().is_valid:
+            self._span_contexts[request.req_id] = span.get_span_context()
+        if traceparent:
+            self._traceparents[request.req_id] = traceparent
+        self.state.request_arrived(request.req_id, len(request.prompt_token_ids), request.arrival_time_s)
+        self._wakeup.set()
+        return queue
+
+    def abort_request(self, req_id: str) -> None:
+        """Drop a live request now (its stream was cancelled); a no-op once it finished."""
+        if self._forget(req_id) and self.scheduler.abort_request(req_id):
+            self.state.request_finished(req_id, "abort", 0, 0)
+            self._wakeup.set()  # tell the worker to drop its mirror promptly
+
+    def _forget(self, req_id: str) -> bool:
+        self._span_contexts.pop(req_id, None)
+        self._traceparents.pop(req_id, None)
+        return self._queues.pop(req_id, None) is not None
+
+    async def run(self) -> None:
+        while True:
+            if not (self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids):
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            await self.step()
+
+    async def step(self) -> None:
+        scheduled = self.scheduler.schedule()
+        step = scheduled.step_input
+        if step.is_empty and not step.finished_req_ids:
+            await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
+            return
+        self.num_steps += 1
+        links = [trace.Link(self._span_contexts[r]) for r in step.num_scheduled_tokens if r in self._span_contexts]
+        with get_tracer().start_as_current_span(
+                "scheduler.step", links=links, attributes={"step_id": self.num_steps,
+                                                           "num_requests": len(step.num_scheduled_tokens),
+                                                           "num_scheduled_tokens": step.total_num_scheduled_tokens}):
+            traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
+                            if r.req_id in self._traceparents}
+            try:
+                output = await self.worker.step(step, self.num_steps, traceparents)
+            except grpc.aio.AioRpcError as exc:
+                output = WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}")
+        if isinstance(output, WorkerUnavailable):
+            await self._recover(output)
+        else:
+            self._dispatch(scheduled, output)
+
+    def _dispatch(self, scheduled: SchedulerOutput, output: StepOutput) -> None:
+        for out in self.scheduler.update_from_output(scheduled, output):
+            queue = self._queues.get(out.req_id)
+            if queue is None:
+                continue
+            queue.put_nowait(out)
+            if out.num_output_tokens == len(out.new_token_ids):
+                self.state.request_first_token(out.req_id, out.num_cached_tokens)
+            if out.finished:
+                self._forget(out.req_id)
+                self.state.request_finished(out.req_id, out.finish_reason.value, out.num_output_tokens,
+                                            out.num_cached_tokens)
+
+    async def _recover(self, error: WorkerUnavailable) -> None:
+        """Fail every live request, wait for the worker to return, and start over with a fresh scheduler."""
+        log.error("%s; failing %d requests and waiting for the worker", error, len(self._queues))
+        self.ready = False
+        for req_id, queue in list(self._queues.items()):
+            queue.put_nowait(error)
+            self.abort_request(req_id)
+        description = await self.worker.wait_until_ready()
+        # the worker may have restarted with an empty KV cache: the old prefix index would serve garbage
+        lost_mirrors = self.scheduler.finished_req_ids
+        self.scheduler = Scheduler(self.scheduler.config, description)
+        self.scheduler.finished_req_ids = lost_mirrors  # a worker that did not restart still holds them
+        self.ready = True
+        log.info("worker at %s is back", self.worker.address)

@@ -1,0 +1,183 @@
+"""The scheduler's observability copy in Redis: live request state, its prefix-cache index and KV usage.
+
+Off the hot path: the engine loop only enqueues (put_nowait on a bounded queue); a background task drains the
+queue and writes in one pipelined MULTI/EXEC per flush. When Redis is slow, down or the queue is full, writes are
+dropped and counted, the outage is logged once, and serving goes on; the next flush simply tries again, so the
+writer reconnects by itself when Redis returns.
+
+Keys (one namespace per scheduler instance, so several schedulers can share one Redis):
+  pagedserve:{instance}:request:{req_id}  hash  status, times, token counts      TTL request_ttl_s
+  pagedserve:{instance}:stats             hash  kv_usage, num_running, ...       TTL instance_ttl_s
+  pagedserve:{instance}:prefix_blocks     set   hex keys of cached full blocks   TTL instance_ttl_s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RedisStateConfig:
+    redis_url: str = ""  # e.g. redis://127.0.0.1:6379/0; empty: no Redis copy
+    redis_queue_size: int = 10_000  # pending writes at most; more are dropped and counted
+    redis_flush_interval_s: float = 0.05  # how long writes may wait to be batched
+    redis_stats_interval_s: float = 0.25  # KV usage / queue sizes refresh
+    redis_prefix_sync_interval_s: float = 1.0  # prefix-cache index refresh
+    redis_request_ttl_s: float = 3600.0  # request hashes expire after this
+    redis_instance_ttl_s: float = 30.0  # stats and prefix index vanish this long after the instance stops
+    redis_timeout_s: float = 0.5  # per flush; a slower Redis counts as down
+
+
+@dataclass
+class _HashWrite:
+    key: str
+    fields: dict[str, str | int | float]
+    ttl_s: float
+
+
+@dataclass
+class _SetReplace:
+    key: str
+    members: list[str]
+    ttl_s: float
+
+
+def key_prefix(instance_id: str) -> str:
+    return f"pagedserve:{instance_id}:"
+
+
+class RedisStateWriter:
+    def __init__(self, config: RedisStateConfig, instance_id: str, stats_source: Callable[[], dict],
+                 prefix_source: Callable[[], list[bytes]]) -> None:
+        self.config = config
+        self.prefix = key_prefix(instance_id)
+        self._stats_source = stats_source
+        self._prefix_source = prefix_source
+        self._queue: asyncio.Queue[_HashWrite | _SetReplace] = asyncio.Queue(config.redis_queue_size)
+        self.num_writes = 0
+        self.num_dropped = 0
+        self.connected = False
+        self._outage_logged = False
+
+    # --- called by the engine loop: never blocks, never raises --------------------------------------------
+
+    def request_arrived(self, req_id: str, num_prompt_tokens: int, arrival_time_s: float) -> None:
+        self._put_request(req_id, {"status": "waiting", "arrival_time_s": arrival_time_s,
+                                   "num_prompt_tokens": num_prompt_tokens, "num_output_tokens": 0})
+
+    def request_first_token(self, req_id: str, num_cached_tokens: int) -> None:
+        self._put_request(req_id, {"status": "running", "first_token_time_s": time.time(),
+                                   "num_cached_tokens": num_cached_tokens})
+
+    def request_finished(self, req_id: str, finish_reason: str, num_output_tokens: int,
+                         num_cached_tokens: int) -> None:
+        self._put_request(req_id, {"status": "finished", "finish_reason": finish_reason,
+                                   "finish_time_s": time.time(), "num_output_tokens": num_output_tokens,
+                                   "num_cached_tokens": num_cached_tokens})
+
+    def _put_request(self, req_id: str, fields: dict) -> None:
+        self._put(_HashWrite(f"{self.prefix}request:{req_id}", fields, self.config.redis_request_ttl_s))
+
+    def _put(self, write: _HashWrite | _SetReplace) -> None:
+        try:
+            self._queue.put_nowait(write)
+        except asyncio.QueueFull:
+            self.num_dropped += 1
+
+    # --- the background task ------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        client = aioredis.Redis.from_url(
+            self.config.redis_url, socket_timeout=self.config.redis_timeout_s,
+            socket_connect_timeout=self.config.redis_timeout_s, retry=Retry(NoBackoff(), 0))
+        next_stats_s = next_prefix_s = 0.0
+        try:
+            while True:
+                writes = await self._drain(self.config.redis_flush_interval_s)
+                now_s = time.monotonic()
+                if now_s >= next_stats_s:
+                    writes.append(self._stats_write())
+                    next_stats_s = now_s + self.config.redis_stats_interval_s
+                if now_s >= next_prefix_s:
+                    writes.append(self._prefix_write())
+                    next_prefix_s = now_s + self.config.redis_prefix_sync_interval_s
+                if writes:
+                    await self._flush(client, writes)
+        finally:
+            await client.aclose()
+
+    async def _drain(self, wait_s: float) -> list[_HashWrite | _SetReplace]:
+        writes = []
+        try:
+            writes.append(await asyncio.wait_for(self._queue.get(), wait_s))
+        except asyncio.TimeoutError:
+            return writes
+        while not self._queue.empty() and len(writes) < 1000:
+            writes.append(self._queue.get_nowait())
+        return writes
+
+    def _stats_write(self) -> _HashWrite:
+        fields = {**self._stats_source(), "updated_at_s": time.time()}
+        return _HashWrite(f"{self.prefix}stats", fields, self.config.redis_instance_ttl_s)
+
+    def _prefix_write(self) -> _SetReplace:
+        members = [key.hex() for key in self._prefix_source()]
+        return _SetReplace(f"{self.prefix}prefix_blocks", members, self.config.redis_instance_ttl_s)
+
+    async def _flush(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:
+        try:
+            await asyncio.wait_for(self._execute(client, writes), self.config.redis_timeout_s)
+        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            self.num_dropped += len(writes)
+            self.connected = False
+            if not self._outage_logged:
+                log.warning("Redis at %s unavailable (%s): dropping state writes until it returns",
+                            self.config.redis_url, exc)
+                self._outage_logged = True
+            return
+        self.num_writes += len(writes)
+        if not self.connected:
+            log.info("Redis state writes to %s (%d dropped so far)", self.config.redis_url, self.num_dropped)
+        self.connected, self._outage_logged = True, False
+
+    async def _execute(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:
+        # MULTI/EXEC: a reader never sees the prefix set deleted but not yet refilled
+        async with client.pipeline(transaction=True) as pipe:
+            for write in writes:
+                if isinstance(write, _HashWrite):
+                    pipe.hset(write.key, mapping=write.fields)
+                else:
+                    pipe.delete(write.key)
+                    if write.members:
+                        pipe.sadd(write.key, *write.members)
+                pipe.expire(write.key, int(write.ttl_s))
+            await pipe.execute()
+
+
+class NullStateWriter:
+    """Stands in for RedisStateWriter when no Redis URL is configured."""
+
+    num_writes = 0
+    num_dropped = 0
+    connected = False
+
+    def request_arrived(self, req_id: str, num_prompt_tokens: int, arrival_time_s: float) -> None:
+        pass
+
+    def request_first_token(self, req_id: str, num_cached_tokens: int) -> None:
+        pass
+
+    def request_finished(self, req_id: str, finish_reason: str, num_output_tokens: int,
+                         num_cached_tokens: int) -> None:
+        pass

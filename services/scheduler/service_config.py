@@ -1,0 +1,21 @@
+"""The scheduler process's configuration: scheduling policy, its gRPC address, its worker and Redis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.scheduler.redis_state import RedisStateConfig
+from services.scheduler.scheduler_config import SchedulerConfig
+
+
+@dataclass(frozen=True)
+class SchedulerServiceConfig:
+    scheduler: SchedulerConfig
+    state: RedisStateConfig
+    scheduler_host: str = "127.0.0.1"  # interface the scheduler's gRPC server binds
+    scheduler_port: int = 50051  # the scheduler's gRPC port (the gateway's --scheduler-address points here)
+    worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker
+    instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
+    worker_step_timeout_s: float = 300.0  # a step slower than this counts as a lost worker
+    grace_period_s: float = 5.0  # on SIGTERM, how long streams in flight may take to finish
+    log_level: str = "info"  # debug, info, warning, error

@@ -1,0 +1,61 @@
+"""The scheduler's asyncio gRPC client to its worker: wait until ready, describe, one call per step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.proto_convert.common import description_from_pb
+from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
+from services.proto_gen import common_pb2, worker_pb2_grpc
+from shared.step_protocol import StepInput, StepOutput, WorkerDescription
+from shared.tracing import outgoing_metadata
+
+log = logging.getLogger(__name__)
+MAX_MESSAGE_BYTES = 64 * 1024**2
+WORKER_SERVICE = "pagedserve.v1.WorkerService"
+
+
+class WorkerClient:
+    def __init__(self, address: str, step_timeout_s: float) -> None:
+        self.address = address
+        self.step_timeout_s = step_timeout_s
+        self.channel = grpc.aio.insecure_channel(address, options=[
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    async def wait_until_ready(self, initial_backoff_s: float = 0.1, max_backoff_s: float = 2.0,
+                               log_interval_s: float = 10.0) -> WorkerDescription:
+        """Retry with exponential backoff until the worker's health says SERVING; then describe it."""
+        backoff_s, start_s, next_log_s = initial_backoff_s, time.monotonic(), time.monotonic() + log_interval_s
+        while True:
+            try:
+                reply = await self.health.Check(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=5)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=10))
+                reason = "loading"
+            except grpc.aio.AioRpcError as exc:
+                reason = exc.code().name
+            if time.monotonic() >= next_log_s:
+                log.info("waiting for the worker at %s (%s) for %.0fs", self.address, reason,
+                         time.monotonic() - start_s)
+                next_log_s = time.monotonic() + log_interval_s
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(backoff_s * 2, max_backoff_s)
+
+    async def step(self, step: StepInput, step_id: int, traceparents: Mapping[str, str]) -> StepOutput:
+        """Raises grpc.aio.AioRpcError when the worker fails or is unreachable."""
+        reply = await self.stub.Step(step_input_to_pb(step, step_id, traceparents), timeout=self.step_timeout_s,
+                                     metadata=outgoing_metadata())
+        return step_output_from_pb(reply)
+
+    async def close(self) -> None:
+        await self.channel.close()

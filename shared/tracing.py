@@ -1,0 +1,74 @@
+"""OpenTelemetry set-up and context propagation, the same for the three services.
+
+Exporter choice follows the standard variables: OTLP over gRPC when OTEL_EXPORTER_OTLP_ENDPOINT (or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) is set, the console with OTEL_TRACES_EXPORTER=console, and otherwise none:
+the API's no-op tracer then makes every span free. Trace context travels in gRPC metadata (W3C `traceparent`);
+a worker step serves many requests, so each new request carries its own traceparent inside the step.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from opentelemetry import context, propagate, trace
+
+TRACER_NAME = "pagedserve"
+_TRACEPARENT = "traceparent"
+
+
+def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Install an SDK tracer provider when an exporter is configured; True when spans are exported."""
+    environ = os.environ if environ is None else environ
+    exporter_name = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    has_endpoint = bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+    if exporter_name == "none" or (not has_endpoint and exporter_name not in ("otlp", "console")):
+        return False
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
+    if exporter_name == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        exporter = OTLPSpanExporter()  # reads OTEL_EXPORTER_OTLP_* itself
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return True
+
+
+def shutdown_tracing() -> None:
+    """Flush spans still queued (no-op without an SDK provider)."""
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "shutdown"):
+        provider.shutdown()
+
+
+def get_tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def outgoing_metadata() -> list[tuple[str, str]]:
+    """gRPC metadata carrying the current trace context (empty when there is no valid span)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return list(carrier.items())
+
+
+def incoming_context(metadata: Iterable[tuple[str, str | bytes]] | None) -> context.Context:
+    """The trace context a gRPC caller sent in its metadata."""
+    carrier = {key: value for key, value in metadata or () if isinstance(value, str)}
+    return propagate.extract(carrier)
+
+
+def traceparent_of(span: trace.Span) -> str:
+    """The W3C traceparent of a span ('' when it is not a valid, e.g. no-op, span)."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier.get(_TRACEPARENT, "")
+
+
+def context_from_traceparent(traceparent: str) -> context.Context:
+    return propagate.extract({_TRACEPARENT: traceparent})

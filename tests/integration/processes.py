@@ -1,0 +1,172 @@
+"""Real processes for the integration tests: redis-server, an OTLP trace collector, and the pagedserve stack."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+import redis
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(condition, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
+    deadline_s = time.monotonic() + timeout_s
+    while time.monotonic() < deadline_s:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what} not met within {timeout_s}s")
+
+
+class RedisServer:
+    """A throw-away redis-server on a free port; can be killed and restarted on the same port."""
+
+    def __init__(self, log_path: Path) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not installed: run `make redis-server` (apt-get install redis-server)")
+        self.port = free_port()
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                                             "--save", "", "--appendonly", "no"], stdout=log, stderr=log)
+        wait_for(self._pings, 10, what="redis-server answering PING")
+
+    def _pings(self) -> bool:
+        try:
+            return self.client().ping()
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: Redis vanishes mid-run, as in a crash."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=2, decode_responses=True)
+
+
+@dataclass
+class CollectedSpan:
+    service: str
+    trace_id: str
+    name: str
+    attributes: dict
+
+
+class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC trace receiver that keeps every span it is sent."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.spans: list[CollectedSpan] = []
+        self._lock = threading.Lock()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+
+    def Export(self, request, context):  # noqa: N802 - gRPC method name
+        with self._lock:
+            for resource_spans in request.resource_spans:
+                resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        attributes = {kv.key: _value(kv.value) for kv in span.attributes}
+                        self.spans.append(CollectedSpan(resource.get("service.name", ""), span.trace_id.hex(),
+                                                        span.name, attributes))
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def snapshot(self) -> list[CollectedSpan]:
+        with self._lock:
+            return list(self.spans)
+
+
+def _value(value) -> object:
+    kind = value.WhichOneof("value")
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class Stack:
+    """`pagedserve serve` running the three services, with Redis and a trace collector beside it."""
+
+    process: subprocess.Popen
+    log_path: Path
+    port: int
+    scheduler_port: int
+    worker_port: int
+    redis: RedisServer
+    collector: TraceCollector
+    instance_id: str
+    env: dict = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_tail(self, num_lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+    def redis_key(self, suffix: str) -> str:
+        return f"pagedserve:{self.instance_id}:{suffix}"
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        deadline_s = time.monotonic() + timeout_s
+        while time.monotonic() < deadline_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pagedserve serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"the stack was not healthy within {timeout_s}s:\n{self.log_tail()}")
+
+
+def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollector, env: dict) -> Stack:
+    port, scheduler_port, worker_port = free_port(), free_port(), free_port()
+    log_path = tmp_dir / "pagedserve.log"
+    instance_id = "itest"
+    env = {**env, "PAGEDSERVE_INSTANCE_ID": instance_id, "PAGEDSERVE_REDIS_STATS_INTERVAL_S": "0.05",
+           "PAGEDSERVE_REDIS_PREFIX_SYNC_INTERVAL_S": "0.2", "PAGEDSERVE_HEALTH_POLL_INTERVAL_S": "0.2",
+           "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}", "OTEL_BSP_SCHEDULE_DELAY": "200"}
+    argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(port),
+            "--scheduler-port", str(scheduler_port), "--worker-port", str(worker_port),
+            "--redis-url", redis_server.url, "--kv-cache-memory-bytes", "256MiB"]
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    return Stack(process, log_path, port, scheduler_port, worker_port, redis_server, collector, instance_id, env)

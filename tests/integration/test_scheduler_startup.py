@@ -1,0 +1,50 @@
+"""A scheduler whose worker is not there yet: NOT_SERVING on health, UNAVAILABLE to Generate, clean SIGTERM."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.proto_convert.scheduler_contract import generate_request_to_pb
+from services.proto_gen import scheduler_pb2_grpc
+from shared.request_io import GenerateRequest
+from shared.sampling_params import SamplingParams
+from tests.integration.processes import REPO, free_port, wait_for
+
+
+def test_scheduler_waits_for_its_worker_and_says_so(tmp_path):
+    port = free_port()
+    log_path = tmp_path / "scheduler.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-port", str(port),
+                                    "--worker-address", f"127.0.0.1:{free_port()}"], cwd=REPO, stdout=log,
+                                   stderr=subprocess.STDOUT)
+    try:
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status():
+            try:
+                return health.Check(health_pb2.HealthCheckRequest(service="pagedserve.v1.SchedulerService"),
+                                    timeout=1).status
+            except grpc.RpcError:
+                return None
+
+        assert wait_for(status, 30, interval_s=0.2, what="scheduler health") == \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        request = generate_request_to_pb(GenerateRequest("early", [1, 2, 3], SamplingParams()))
+        try:
+            list(stub.Generate(request, timeout=5))
+            raise AssertionError("Generate succeeded without a worker")
+        except grpc.RpcError as exc:
+            assert exc.code() is grpc.StatusCode.UNAVAILABLE and "waiting for its worker" in exc.details()
+        channel.close()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(15)
+    assert code == 0, log_path.read_text()

@@ -1,0 +1,158 @@
+"""The gateway app against a fake scheduler: OpenAI shapes, streaming, stop strings, errors, auth, metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+import pytest
+from fastapi.testclient import TestClient
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewayConfig
+from services.gateway.serving import Serving
+from tests.unit.gateway.conftest import MODEL_DIR
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
+
+CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+
+
+@contextmanager
+def gateway(tokenizer, api_key: str | None = None, serving: bool = True, wait_ready: bool = True):
+    config = GatewayConfig(model_dir=str(MODEL_DIR), api_key=api_key, health_poll_interval_s=0.02)
+    fake = FakeSchedulerClient(tokenizer, serving=serving)
+    state = Serving(config, tokenizer, fake, generation_defaults={})
+    with TestClient(create_app(state)) as client:
+        deadline_s = time.monotonic() + 5
+        while wait_ready and not state.ready and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        yield client, fake
+
+
+def sse_chunks(response) -> list:
+    lines = [line for line in response.text.split("\n") if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[len("data: "):]) for line in lines[:-1]]
+
+
+def test_chat_whole_and_streamed_give_the_same_text_and_usage(tokenizer):
+    with gateway(tokenizer) as (client, fake):
+        whole = client.post("/v1/chat/completions", json=CHAT).json()
+        streamed = client.post("/v1/chat/completions", json={**CHAT, "stream": True,
+                                                              "stream_options": {"include_usage": True}})
+    assert whole["choices"][0]["message"] == {"role": "assistant", "content": "The capital of France is Paris."}
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    num_prompt = len(fake.requests[0].prompt_token_ids)
+    assert whole["usage"] == {"prompt_tokens": num_prompt, "completion_tokens": len(fake.reply_ids),
+                              "total_tokens": num_prompt + len(fake.reply_ids),
+                              "prompt_tokens_details": {"cached_tokens": 0}}
+    chunks = sse_chunks(streamed)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "The capital of France is Paris."
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert all(c["usage"] is None for c in chunks[:-1])
+
+
+def test_stop_string_cuts_and_aborts_the_request(tokenizer):
+    with gateway(tokenizer) as (client, fake):
+        whole = client.post("/v1/chat/completions", json={**CHAT, "stop": ["France"]}).json()
+        streamed = client.post("/v1/chat/completions", json={**CHAT, "stop": "France", "stream": True})
+    assert whole["choices"][0]["message"]["content"] == "The capital of "
+    assert whole["choices"][0]["finish_reason"] == "stop"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in sse_chunks(streamed))
+    assert text == "The capital of "
+    assert len(fake.cancelled) == 2  # both scheduler streams were closed early
+
+
+def test_completions_echo_n_and_logprobs(tokenizer):
+    with gateway(tokenizer) as (client, fake):
+        echoed = client.post("/v1/completions", json={"prompt": "Q:", "echo": True, "max_tokens": 3}).json()
+        several = client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "seed": 5,
+                                                       "logprobs": 1, "max_tokens": 2}).json()
+    assert echoed["choices"][0]["text"] == "Q:The capital of"
+    assert echoed["choices"][0]["finish_reason"] == "length"
+    assert [c["index"] for c in several["choices"]] == [0, 1, 2, 3]
+    assert [r.sampling.seed for r in fake.requests[1:]] == [5, 6, 5, 6]
+    assert {r.req_id.rsplit("-", 1)[1] for r in fake.requests[1:]} == {"0", "1", "2", "3"}
+    logprobs = several["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == ["The", " capital"] and logprobs["token_logprobs"] == [-0.5, -0.5]
+    assert logprobs["text_offset"] == [0, 3]
+    assert several["usage"]["completion_tokens"] == 8 and several["usage"]["prompt_tokens"] == 2
+
+
+def test_chat_logprobs_shape(tokenizer):
+    with gateway(tokenizer) as (client, _):
+        body = client.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 2,
+                                                         "max_tokens": 1}).json()
+    [entry] = body["choices"][0]["logprobs"]["content"]
+    assert entry["token"] == "The" and entry["bytes"] == list(b"The") and entry["logprob"] == -0.5
+    assert [t["logprob"] for t in entry["top_logprobs"]] == [-0.5, -1.5]
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({**CHAT, "max_tokens": 0}, 400, "max_tokens"),
+    ({**CHAT, "temperature": -1}, 400, "temperature"),
+    ({**CHAT, "top_p": 1.5}, 400, "top_p"),
+    ({**CHAT, "n": 0}, 400, "n"),
+    ({**CHAT, "n": 17}, 400, "n"),
+    ({**CHAT, "temperature": "hot"}, 400, "temperature"),
+    ({**CHAT, "messages": []}, 400, "messages"),
+    ({**CHAT, "messages": "hi"}, 400, "messages"),
+    ({**CHAT, "top_logprobs": 2}, 400, "top_logprobs"),
+    ({**CHAT, "model": "gpt-4"}, 404, "model"),
+    ({**CHAT, "max_tokens": 250}, 400, "max_tokens"),
+])
+def test_bad_requests_get_openai_errors(tokenizer, body, status, param):
+    with gateway(tokenizer) as (client, fake):
+        response = client.post("/v1/chat/completions", json=body)
+        assert response.status_code == status
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+        assert client.post("/v1/chat/completions", json=CHAT).status_code == 200  # still serving
+
+
+def test_malformed_json_is_400(tokenizer):
+    with gateway(tokenizer) as (client, _):
+        response = client.post("/v1/chat/completions", content=b'{"messages": [', headers={
+            "content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_json"
+
+
+def test_not_ready_means_503(tokenizer):
+    with gateway(tokenizer, serving=False, wait_ready=False) as (client, _):
+        assert client.get("/health").status_code == 503
+        response = client.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"
+
+
+def test_api_key_is_required_on_v1_only(tokenizer):
+    with gateway(tokenizer, api_key="sekret") as (client, _):
+        missing = client.post("/v1/chat/completions", json=CHAT)
+        wrong = client.get("/v1/models", headers={"Authorization": "Bearer nope"})
+        right = client.get("/v1/models", headers={"Authorization": "Bearer sekret"})
+        health = client.get("/health")
+    assert missing.status_code == wrong.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+    assert right.json()["data"][0]["id"] == "tiny-model" and health.status_code == 200
+
+
+def test_tokenize_detokenize_version_metrics(tokenizer):
+    with gateway(tokenizer) as (client, _):
+        tokens = client.post("/tokenize", json={"prompt": "Hello world"}).json()
+        chat_tokens = client.post("/tokenize", json={"messages": CHAT["messages"]}).json()
+        text = client.post("/detokenize", json={"tokens": tokens["tokens"]}).json()
+        client.post("/v1/chat/completions", json=CHAT)
+        version = client.get("/version").json()
+        metrics = client.get("/metrics").text
+    assert tokens == {"tokens": tokenizer.encode("Hello world"), "count": 2, "max_model_len": 256}
+    assert chat_tokens["count"] == len(tokenizer.chat_prompt_ids(CHAT["messages"]))
+    assert text == {"prompt": "Hello world"} and version["version"]
+    for line in ("pagedserve_prefix_cache_hits_total 16.0", "pagedserve_prefix_cache_queries_total 40.0",
+                 "pagedserve_num_preemptions_total 0.0", "pagedserve_kv_cache_usage_ratio 0.25",
+                 "pagedserve_num_requests_running 1.0", "pagedserve_num_requests_waiting 0.0",
+                 'pagedserve_request_latency_seconds_count{endpoint="chat"} 1.0'):
+        assert line in metrics.splitlines()

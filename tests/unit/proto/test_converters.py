@@ -1,0 +1,76 @@
+"""Proto <-> domain converters: every field survives a round trip, order and absence included."""
+
+from __future__ import annotations
+
+from services.proto_convert.common import description_from_pb, description_to_pb, sampling_from_pb, sampling_to_pb
+from services.proto_convert.scheduler_contract import (
+    generate_request_from_pb,
+    generate_request_to_pb,
+    output_from_chunk,
+    output_to_chunk,
+    stats_from_pb,
+    stats_to_pb,
+)
+from services.proto_convert.worker_contract import (
+    step_input_from_pb,
+    step_input_to_pb,
+    step_output_from_pb,
+    step_output_to_pb,
+    traceparents_from_pb,
+)
+from services.proto_gen import common_pb2, worker_pb2
+from services.scheduler.service_stats import ServiceStats
+from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.sampling_params import SamplingParams
+from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, TokenLogprobs, WorkerDescription
+
+PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
+                        presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
+                        logit_bias={3: -100.0, 9: 2.5}, logprobs=0, stop_token_ids=(4, 5), ignore_eos=True)
+LOGPROBS = TokenLogprobs(token_id=3, logprob=-0.25, rank=2, top_token_ids=[9, 3], top_logprobs=[-0.125, -0.25])
+
+
+def test_sampling_params_round_trip_and_unset_fields_are_defaults():
+    assert sampling_from_pb(sampling_to_pb(PARAMS)) == PARAMS
+    assert sampling_from_pb(sampling_to_pb(SamplingParams())) == SamplingParams()
+    assert sampling_from_pb(common_pb2.SamplingParams()) == SamplingParams()  # no surprising zeros
+    assert sampling_from_pb(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
+
+
+def test_step_input_round_trip_keeps_batch_order():
+    step = StepInput(
+        new_requests=[NewRequest("b", [1, 2, 3], 2, PARAMS, [7, 8], 0)],
+        cached_requests=[CachedRequest("a", [9], 16)],
+        num_scheduled_tokens={"b": 3, "a": 1},
+        finished_req_ids=["z"])
+    pb = step_input_to_pb(step, step_id=4, traceparents={"b": "00-abc-def-01"})
+    wire = worker_pb2.StepRequest.FromString(pb.SerializeToString())
+    assert step_input_from_pb(wire) == step
+    assert list(step_input_from_pb(wire).num_scheduled_tokens) == ["b", "a"]
+    assert traceparents_from_pb(wire) == {"b": "00-abc-def-01"} and wire.step_id == 4
+
+
+def test_step_output_round_trip_with_and_without_logprobs():
+    output = StepOutput(req_ids=["a", "b"], sampled_token_ids=[3, 4], logprobs=[LOGPROBS, None], forward_time_ns=12)
+    assert step_output_from_pb(step_output_to_pb(output)) == output
+
+
+def test_generate_request_and_chunks_round_trip():
+    request = GenerateRequest("r1", [1, 2], PARAMS, cache_salt="tenant")
+    back = generate_request_from_pb(generate_request_to_pb(request))
+    assert (back.req_id, back.prompt_token_ids, back.sampling, back.cache_salt) == ("r1", [1, 2], PARAMS, "tenant")
+    assert generate_request_from_pb(generate_request_to_pb(GenerateRequest("r2", [1], PARAMS))).cache_salt is None
+    for output in (RequestOutput("r1", [3], [LOGPROBS], None, 2, 0, 1),
+                   RequestOutput("r1", [3, 4], [None, None], FinishReason.LENGTH, 2, 16, 7)):
+        assert output_from_chunk("r1", output_to_chunk(output)) == output
+
+
+def test_description_and_stats_round_trip():
+    description = WorkerDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
+                                    268369920)
+    assert description_from_pb(description_to_pb(description)) == description
+    stats = ServiceStats(num_running=2, num_waiting=1, kv_usage=0.5, num_steps=9, num_preemptions=1,
+                         num_scheduled_tokens_total=90, num_finished={"stop": 3, "abort": 1}, prefix_cache_queries=64,
+                         prefix_cache_hits=32, prefix_cache_evictions=2, num_kv_blocks=364, num_state_writes=5,
+                         num_state_writes_dropped=4, state_store_connected=True)
+    assert stats_from_pb(stats_to_pb(stats)) == stats

@@ -1,0 +1,124 @@
+"""The scheduler's asyncio loop against a fake worker: streams, aborts, idling, worker loss, state events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from services.grpc_errors import WorkerUnavailable
+from services.scheduler.engine_loop import EngineLoop
+from services.scheduler.redis_state import NullStateWriter
+from services.scheduler.scheduler import RequestRejected, Scheduler
+from services.scheduler.scheduler_config import SchedulerConfig
+from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.sampling_params import SamplingParams
+from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN, FakeWorkerClient
+
+
+class RecordingState(NullStateWriter):
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def request_arrived(self, req_id, num_prompt_tokens, arrival_time_s):
+        self.events.append(("arrived", req_id, num_prompt_tokens))
+
+    def request_first_token(self, req_id, num_cached_tokens):
+        self.events.append(("first_token", req_id, num_cached_tokens))
+
+    def request_finished(self, req_id, finish_reason, num_output_tokens, num_cached_tokens):
+        self.events.append(("finished", req_id, finish_reason))
+
+
+def request(req_id: str, max_tokens: int = 3, num_prompt_tokens: int = 6) -> GenerateRequest:
+    return GenerateRequest(req_id, list(range(10, 10 + num_prompt_tokens)),
+                           SamplingParams(max_tokens=max_tokens, temperature=0.0))
+
+
+@contextlib.asynccontextmanager
+async def running_loop(worker: FakeWorkerClient):
+    state = RecordingState()
+    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state)
+    task = asyncio.create_task(loop.run())
+    try:
+        yield loop, state
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def drain(queue: asyncio.Queue) -> list[RequestOutput]:
+    outputs = []
+    while not outputs or not outputs[-1].finished:
+        outputs.append(await asyncio.wait_for(queue.get(), 5))
+    return outputs
+
+
+@pytest.mark.asyncio
+async def test_concurrent_requests_stream_until_finished_and_free_their_blocks():
+    async with running_loop(FakeWorkerClient()) as (loop, state):
+        queues = [loop.add_request(request(f"r{i}", max_tokens=2 + i)) for i in range(3)]
+        results = [await drain(q) for q in queues]
+    for i, outputs in enumerate(results):
+        assert [t for o in outputs for t in o.new_token_ids] == [SAMPLED_TOKEN] * (2 + i)
+        assert outputs[-1].finish_reason is FinishReason.LENGTH and outputs[-1].num_output_tokens == 2 + i
+    loop.scheduler.kv.check_integrity()
+    assert loop.scheduler.kv.usage == 0.0 and loop.num_live_requests == 0
+    assert ("first_token", "r0", 0) in state.events and ("finished", "r2", "length") in state.events
+
+
+@pytest.mark.asyncio
+async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror():
+    worker = FakeWorkerClient(step_delay_s=0.01)
+    async with running_loop(worker) as (loop, state):
+        queue = loop.add_request(request("long", max_tokens=100))
+        first = await asyncio.wait_for(queue.get(), 5)
+        assert first.new_token_ids == [SAMPLED_TOKEN] and loop.scheduler.kv.usage > 0
+        loop.abort_request("long")
+        assert loop.scheduler.kv.usage == 0.0 and not loop.scheduler.has_unfinished_requests()
+        loop.scheduler.kv.check_integrity()
+        for _ in range(100):
+            if "long" not in worker.mirrors:
+                break
+            await asyncio.sleep(0.01)
+    assert "long" not in worker.mirrors
+    assert any("long" in step.finished_req_ids for step in worker.steps)
+    assert state.events[-1] == ("finished", "long", "abort")
+
+
+@pytest.mark.asyncio
+async def test_idle_loop_sleeps_and_wakes_on_a_new_request():
+    async with running_loop(FakeWorkerClient()) as (loop, _):
+        await drain(loop.add_request(request("a")))
+        num_steps = loop.num_steps
+        await asyncio.sleep(0.1)
+        assert loop.num_steps == num_steps  # no busy stepping while idle
+        await drain(loop.add_request(request("b")))
+        assert loop.num_steps > num_steps
+
+
+@pytest.mark.asyncio
+async def test_rejected_request_leaves_no_trace():
+    async with running_loop(FakeWorkerClient()) as (loop, state):
+        with pytest.raises(RequestRejected):
+            loop.add_request(request("huge", num_prompt_tokens=300))
+        assert loop.num_live_requests == 0 and state.events == []
+
+
+@pytest.mark.asyncio
+async def test_lost_worker_fails_live_requests_then_serves_again():
+    worker = FakeWorkerClient()
+    async with running_loop(worker) as (loop, _):
+        worker.fail_next_step = True
+        queue = loop.add_request(request("doomed"))
+        error = await asyncio.wait_for(queue.get(), 5)
+        assert isinstance(error, WorkerUnavailable) and "UNAVAILABLE" in str(error)
+        for _ in range(100):
+            if loop.ready:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.num_describes == 1 and loop.scheduler.kv.usage == 0.0
+        outputs = await drain(loop.add_request(request("after")))
+    assert outputs[-1].finish_reason is FinishReason.LENGTH

@@ -1,0 +1,76 @@
+"""The one exception -> gRPC status table, and the decorator on sync, async and streaming servicer methods."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from services.gpu_worker.worker import StepProtocolError
+from services.grpc_errors import ServiceNotReady, WorkerUnavailable, map_errors, status_code_of
+from services.scheduler.scheduler import RequestRejected
+from shared.sampling_params import SamplingParamsError
+
+
+@pytest.mark.parametrize(("exc", "code"), [
+    (SamplingParamsError("bad", "top_p"), grpc.StatusCode.INVALID_ARGUMENT),
+    (RequestRejected("too long"), grpc.StatusCode.INVALID_ARGUMENT),
+    (ServiceNotReady("loading"), grpc.StatusCode.UNAVAILABLE),
+    (WorkerUnavailable("gone"), grpc.StatusCode.UNAVAILABLE),
+    (StepProtocolError("mismatch"), grpc.StatusCode.FAILED_PRECONDITION),
+    (KeyError("x"), grpc.StatusCode.INTERNAL),
+])
+def test_status_codes(exc, code):
+    assert status_code_of(exc) is code
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.aborted: tuple | None = None
+
+    def abort(self, code, details):
+        self.aborted = (code, details)
+        raise Aborted
+
+
+class FakeAsyncContext(FakeContext):
+    async def abort(self, code, details):
+        super().abort(code, details)
+
+
+class Servicer:
+    @map_errors
+    def sync_method(self, request, context):
+        raise RequestRejected("prompt too long")
+
+    @map_errors
+    async def async_method(self, request, context):
+        raise ServiceNotReady("not yet")
+
+    @map_errors
+    async def stream_method(self, request, context):
+        yield 1
+        raise WorkerUnavailable("worker gone")
+
+
+def test_sync_method_aborts_with_the_mapped_status():
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        Servicer().sync_method(None, context)
+    assert context.aborted == (grpc.StatusCode.INVALID_ARGUMENT, "prompt too long")
+
+
+@pytest.mark.asyncio
+async def test_async_and_streaming_methods_abort_with_the_mapped_status():
+    context = FakeAsyncContext()
+    with pytest.raises(Aborted):
+        await Servicer().async_method(None, context)
+    assert context.aborted == (grpc.StatusCode.UNAVAILABLE, "not yet")
+    stream_context, items = FakeAsyncContext(), []
+    with pytest.raises(Aborted):
+        async for item in Servicer().stream_method(None, stream_context):
+            items.append(item)
+    assert items == [1] and stream_context.aborted == (grpc.StatusCode.UNAVAILABLE, "worker gone")

@@ -1,0 +1,44 @@
+"""The Redis writer never blocks or raises on the hot path: with Redis unreachable it drops and counts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+import pytest
+
+from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nobody listens once the socket is closed
+
+
+@pytest.mark.asyncio
+async def test_unreachable_redis_drops_counts_and_keeps_going():
+    config = RedisStateConfig(redis_url=f"redis://127.0.0.1:{closed_port()}/0", redis_flush_interval_s=0.01,
+                              redis_stats_interval_s=0.01, redis_timeout_s=0.2)
+    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: [b"\x01\x02"])
+    task = asyncio.create_task(writer.run())
+    try:
+        for i in range(5):
+            writer.request_arrived(f"r{i}", 3, 0.0)
+            writer.request_finished(f"r{i}", "stop", 1, 0)
+        await asyncio.sleep(0.3)
+        assert not task.done(), "the writer must survive Redis being down"
+        assert writer.num_dropped >= 10 and writer.num_writes == 0 and not writer.connected
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def test_a_full_queue_drops_instead_of_blocking():
+    config = RedisStateConfig(redis_url="redis://127.0.0.1:1/0", redis_queue_size=2)
+    writer = RedisStateWriter(config, "unit", dict, list)
+    for i in range(5):
+        writer.request_first_token(f"r{i}", 0)
+    assert writer.num_dropped == 3

@@ -1,0 +1,83 @@
+"""The scheduler servicer: streams chunks, rejects with INVALID_ARGUMENT, and a rejection never hurts another stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
+from services.proto_convert.scheduler_contract import generate_request_to_pb
+from services.proto_gen import scheduler_pb2
+from services.scheduler.engine_loop import EngineLoop
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler_config import SchedulerConfig
+from services.scheduler.service import SchedulerServicer
+from shared.request_io import GenerateRequest
+from shared.sampling_params import SamplingParams
+from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+
+
+class Aborted(Exception):
+    pass
+
+
+class FakeContext:
+    def __init__(self) -> None:
+        self.aborted: tuple | None = None
+
+    def invocation_metadata(self):
+        return ()
+
+    async def abort(self, code, details):
+        self.aborted = (code, details)
+        raise Aborted
+
+
+def generate_pb(req_id: str, max_tokens: int) -> scheduler_pb2.GenerateRequest:
+    return generate_request_to_pb(GenerateRequest(req_id, [5, 6, 7], SamplingParams(max_tokens=max_tokens)))
+
+
+@pytest.mark.asyncio
+async def test_duplicate_id_is_rejected_without_aborting_the_live_request():
+    servicer = SchedulerServicer()
+    servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(step_delay_s=0.005),
+                                 servicer.state)
+    loop_task = asyncio.create_task(servicer.engine.run())
+    try:
+        stream = servicer.Generate(generate_pb("dup", max_tokens=20), FakeContext())
+        first = await stream.__anext__()
+        context = FakeContext()
+        with pytest.raises(Aborted):
+            async for _ in servicer.Generate(generate_pb("dup", max_tokens=2), context):
+                pass
+        assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT and "already in use" in context.aborted[1]
+        async def rest() -> list:
+            return [chunk async for chunk in stream]
+
+        chunks = [first] + await asyncio.wait_for(rest(), 5)  # the live stream still gets every token
+        assert chunks[-1].finish_reason == scheduler_pb2.FINISH_REASON_LENGTH
+        assert sum(len(c.token_ids) for c in chunks) == 20
+        stats = servicer.stats()
+        assert (stats.num_running, stats.kv_usage, stats.num_finished) == (0, 0.0, {"length": 1})
+    finally:
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_task
+
+
+@pytest.mark.asyncio
+async def test_not_ready_is_unavailable_and_bad_params_invalid():
+    servicer, context = SchedulerServicer(), FakeContext()
+    with pytest.raises(Aborted):
+        await servicer.GetStats(scheduler_pb2.GetStatsRequest(), context)
+    assert context.aborted[0] is grpc.StatusCode.UNAVAILABLE
+    servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
+    bad = scheduler_pb2.GenerateRequest(req_id="x", prompt_token_ids=[1])
+    bad.sampling.top_p = 2.0
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        async for _ in servicer.Generate(bad, context):
+            pass
+    assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT and "top_p" in context.aborted[1]
