@@ -52,7 +52,9 @@ class KVCacheManager:
         return PrefixHit(hit)
 
     def record_prefix_query(self, num_tokens: int, prefix: PrefixHit) -> None:
-        """Count a lookup once, when the request it served is admitted."""
+        """Count a prompt's lookup once, when it is first admitted (nothing is counted with caching off)."""
+        if not self.enable_prefix_caching:
+            return
         counters = self.prefix_index.counters
         counters.num_queries += num_tokens
         counters.num_hits += prefix.num_tokens(self.block_size)

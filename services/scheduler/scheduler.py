@@ -127,10 +127,13 @@ class Scheduler:
             prefix = self.kv.find_prefix(request)
             num_computed = prefix.num_tokens(self.kv.block_size)
             num_new = request.num_tokens - num_computed
-            if not self.config.enable_chunked_prefill and num_new > budget:
+            # without chunked prefill a prefill waits for a step with room, unless no step could ever hold it
+            # (a request resumed after preemption is prompt + outputs, which may exceed the budget)
+            if not self.config.enable_chunked_prefill and budget < num_new <= self.config.max_num_batched_tokens:
                 break
             num_new = min(num_new, budget)
-            if self.kv.allocate_slots(request, num_new, prefix, admission=True) is None:
+            # the watermark protects running decodes; with none running it would only keep a big request out forever
+            if self.kv.allocate_slots(request, num_new, prefix, admission=bool(self.running)) is None:
                 break
             self.waiting.popleft()
             self._start(request, num_computed, prefix)
@@ -140,9 +143,9 @@ class Scheduler:
     def _start(self, request: Request, num_computed: int, prefix: PrefixHit) -> None:
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_computed
-        self.kv.record_prefix_query(request.num_tokens, prefix)
-        if request.num_cached_tokens is None:
+        if request.num_cached_tokens is None:  # first admission: resumptions after preemption are not counted
             request.num_cached_tokens = num_computed
+            self.kv.record_prefix_query(request.num_tokens, prefix)
         self.running.append(request)
 
     def _schedule(self, request: Request, num_new: int, step: StepInput) -> None:
