@@ -78,10 +78,9 @@ def test_token_budget_64_chunks_every_long_prompt(smollm2_dir, prompts, one_at_a
 
 def _policy_run(smollm2_dir, enable_prefix_caching: bool) -> tuple[list[Completion], float]:
     """One warm-up request, then 12 sharing its ~1,000-token system prompt; the share of their prompt tokens
-    that had to be computed."""
+    that had to be computed, from the tokens the scheduler actually scheduled."""
     llm = make_llm(smollm2_dir, enable_prefix_caching=enable_prefix_caching)
     system = policy_system_prompt()
-
     llm.generate([llm.chat_prompt("Hello", system)], GREEDY)
     before = llm.engine.scheduler.snapshot_stats()
     batch = [llm.chat_prompt(q, system) for q in POLICY_QUESTIONS]
@@ -89,8 +88,12 @@ def _policy_run(smollm2_dir, enable_prefix_caching: bool) -> tuple[list[Completi
     outputs = llm.generate(batch, GREEDY)
     after = llm.engine.scheduler.snapshot_stats()
     num_prompt_tokens = sum(len(p) for p in batch)
-    assert after.prefix_cache_queries - before.prefix_cache_queries == num_prompt_tokens
-    computed = num_prompt_tokens - (after.prefix_cache_hits - before.prefix_cache_hits)
+    # every scheduled token is a prompt token or a fed-back output (all outputs but each request's last)
+    num_decode_inputs = sum(len(c.token_ids) - 1 for c in outputs)
+    computed = after.num_scheduled_tokens_total - before.num_scheduled_tokens_total - num_decode_inputs
+    if enable_prefix_caching:  # the counters tell the same story
+        assert after.prefix_cache_queries - before.prefix_cache_queries == num_prompt_tokens
+        assert num_prompt_tokens - (after.prefix_cache_hits - before.prefix_cache_hits) == computed
     llm.engine.scheduler.kv.check_integrity()
     return outputs, computed / num_prompt_tokens
 
