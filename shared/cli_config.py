@@ -3,7 +3,8 @@
 Field `kv_cache_memory_bytes` becomes `--kv-cache-memory-bytes` and `PAGEDSERVE_KV_CACHE_MEMORY_BYTES`; a flag
 beats the environment, which beats the field default. Nested dataclass fields are flattened (their field names
 must not collide). Help text comes from `field(metadata={"help": ...})` or else the field's trailing `# comment`.
-Fields ending in `_bytes` accept sizes like `512MiB` or `2GiB`.
+Fields ending in `_bytes` accept sizes like `512MiB` or `2GiB`, and their flag also answers without the unit
+(`--kv-cache-memory 2GiB`).
 """
 
 from __future__ import annotations
@@ -132,8 +133,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, positional:
         if f.name in positional:
             parser.add_argument(f.name, nargs="?", default=None, help=text.strip(), metavar=f.name.upper())
         else:
-            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=text.strip(),
-                                metavar=_metavar(f.name, hint))
+            flags = [flag_name(f.name)]
+            if f.name.endswith("_bytes"):
+                flags.append(flag_name(f.name.removesuffix("_bytes")))
+            parser.add_argument(*flags, dest=f.name, default=None, help=text.strip(), metavar=_metavar(f.name, hint))
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> C:

@@ -72,3 +72,8 @@ def test_help_comes_from_comments_and_metadata():
     assert "tokens per block [env PAGEDSERVE_BLOCK_SIZE; default 16]" in text
     assert "the name [env PAGEDSERVE_NAME; default 'x']" in text
     assert "--cache-bytes SIZE" in text
+
+
+def test_size_flags_also_answer_without_the_unit():
+    assert parse(["--model-dir", "m", "--cache", "512MiB"]).inner.cache_bytes == 512 * 1024**2
+    assert parse(["--model-dir", "m", "--cache-bytes", "1KiB"]).inner.cache_bytes == 1024
