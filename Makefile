@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup model run protos test test-unit lint bench-engine redis-server gpu-check clean
+.PHONY: setup model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build redis-server gpu-check clean
 
 setup: $(STAMP)
 
@@ -61,6 +61,35 @@ lint: $(STAMP)
 bench-engine: model
 	$(PY) -m services.engine.bench_decode --model $(MODEL_DIR)
 	$(PY) -m services.engine.bench_scheduler --model $(MODEL_DIR)
+
+# Serving benchmarks against live servers on free local ports; results, plots and summaries go to BENCH_OUT.
+# `make bench`: pagedserve with the standard suite (random and shared-prefix, EOS suppressed) at BENCH_CONCURRENCIES.
+# Prompts per point: BENCH_NUM_PROMPTS if > 0, else max(min prompts, BENCH_PROMPTS_PER_CONCURRENCY x concurrency).
+# `make bench-peers`: the same on pagedserve, llama.cpp's llama-server (built once under .peers/: ~15-25 min on 2
+# cores) and `transformers serve --continuous-batching`, then a pagedserve/peer table in BENCH_OUT/peers-summary.txt.
+BENCH_OUT ?= bench-results
+BENCH_CONCURRENCIES ?= 1,4,16,64
+BENCH_NUM_PROMPTS ?= 0
+BENCH_MIN_PROMPTS ?= 8
+BENCH_PROMPTS_PER_CONCURRENCY ?= 1
+BENCH_PEERS ?= pagedserve,llama.cpp,transformers
+BENCH_PEER_CONCURRENCIES ?= 1,4,16
+BENCH_PEER_MIN_PROMPTS ?= 4
+BENCH_ARGS ?=
+BENCH_RUN := $(PY) -m services.bench.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
+	--num-prompts $(BENCH_NUM_PROMPTS) --prompts-per-concurrency $(BENCH_PROMPTS_PER_CONCURRENCY)
+
+bench: model
+	$(BENCH_RUN) --servers pagedserve --concurrencies $(BENCH_CONCURRENCIES) --min-prompts $(BENCH_MIN_PROMPTS) \
+	  $(BENCH_ARGS)
+
+bench-peers: model
+	$(BENCH_RUN) --servers $(BENCH_PEERS) --concurrencies $(BENCH_PEER_CONCURRENCIES) \
+	  --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
+
+# Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
+bench-peers-build: $(STAMP)
+	$(PY) -m services.bench.peers.llama_build --peers-dir .peers
 
 # On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
 # Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.
