@@ -5,7 +5,7 @@
 
 Prompts per point: --num-prompts when > 0, else max(--min-prompts, --prompts-per-concurrency x concurrency), by
 default 8, 8, 16, 64 for concurrencies 1, 4, 16, 64: every point fills its concurrency at least once, and the whole
-suite takes about 25 minutes for pagedserve on 2 CPU cores (--prompts-per-concurrency 2: two waves, ~twice as long).
+suite takes roughly 20-25 minutes for pagedserve on 2 CPU cores (--prompts-per-concurrency 2: two waves, ~2x).
 """
 
 from __future__ import annotations

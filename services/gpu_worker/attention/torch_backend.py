@@ -48,8 +48,8 @@ class TorchAttentionBackend(AttentionBackend):
         if self.shape.sliding_window is not None:
             mask &= key_pos[None, :] > (seq_lens[:, None] - 1 - self.shape.sliding_window)
         out = F.scaled_dot_product_attention(
-            query.unsqueeze(2), keys, values, attn_mask=mask[:, None, None, :], scale=self.shape.scale,
-            enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
+            query.unsqueeze(2), keys, values, attn_mask=_additive(mask[:, None, None, :], query.dtype),
+            scale=self.shape.scale, enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
         return out.squeeze(2)
 
     def _prefill(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -57,15 +57,25 @@ class TorchAttentionBackend(AttentionBackend):
         """query [q_len, H, D] of request i, whose tokens are the last q_len of its seq_len positions."""
         seq_len, q_len = meta.seq_lens_cpu[i], query.shape[0]
         keys, values = _gather_context(key_cache, value_cache, meta.block_tables[i: i + 1], seq_len)
+        gqa = self.shape.num_heads != self.shape.num_kv_heads
+        q = query.transpose(0, 1).unsqueeze(0)
+        if seq_len == q_len and self.shape.sliding_window is None:  # nothing cached before the chunk: plain causal
+            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.shape.scale,
+                                                 enable_gqa=gqa)
+            return out.squeeze(0).transpose(0, 1)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
         k_pos = torch.arange(seq_len, device=query.device)
         mask = k_pos[None, :] <= q_pos[:, None]
         if self.shape.sliding_window is not None:
             mask &= k_pos[None, :] > (q_pos[:, None] - self.shape.sliding_window)
-        out = F.scaled_dot_product_attention(
-            query.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, scale=self.shape.scale,
-            enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_additive(mask, query.dtype),
+                                             scale=self.shape.scale, enable_gqa=gqa)
         return out.squeeze(0).transpose(0, 1)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean keep-mask -> 0 / -inf additive mask: torch's CPU attention runs about twice as fast with it."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _gather_context(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
