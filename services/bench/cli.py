@@ -65,6 +65,8 @@ def _add_dataset_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--shared-prefix-question-len", type=int, default=50, help="tokens of each question")
     g.add_argument("--shared-prefix-output-len", type=int, default=128)
     g.add_argument("--shared-prefix-output-range-ratio", type=float, default=0.8, help="unevenness of answers")
+    g.add_argument("--shared-prefix-seed", type=int, default=0,
+                   help="seed of the shared prompts themselves (--seed varies questions and answer lengths)")
     g.add_argument("--num-groups", type=int, default=12, help="distinct shared prompts")
     g.add_argument("--sharegpt-output-len", type=int, default=None, help="override the recorded reply lengths")
     g.add_argument("--custom-output-len", type=int, default=256, help="for custom lines without output_tokens")

@@ -72,6 +72,7 @@ def _dataset(args: argparse.Namespace) -> DatasetConfig:
         shared_prefix_question_len=args.shared_prefix_question_len,
         shared_prefix_output_len=args.shared_prefix_output_len,
         shared_prefix_output_range_ratio=args.shared_prefix_output_range_ratio,
+        shared_prefix_seed=args.shared_prefix_seed,
         num_groups=args.num_groups,
         sharegpt_output_len=args.sharegpt_output_len,
         custom_output_len=args.custom_output_len,

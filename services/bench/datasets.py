@@ -38,6 +38,7 @@ class DatasetConfig:
     shared_prefix_output_len: int = 128
     shared_prefix_output_range_ratio: float = 0.8  # uneven answers, as in the seed's policy assistant
     num_groups: int = 12
+    shared_prefix_seed: int = 0  # the shared prompts' own seed: the same handbooks at every --seed and warm-up
     sharegpt_output_len: int | None = None  # overrides the length of the recorded reply
     custom_output_len: int = 256  # for custom lines without "output_tokens"
 
@@ -92,8 +93,12 @@ def build_random(
 def build_shared_prefix(
     cfg: DatasetConfig, tokenizer: BenchTokenizer, pool: TokenPool, rng: np.random.Generator
 ) -> list[BenchRequest]:
-    """`num_groups` long shared prompts; each request asks its own question with its own answer length."""
-    prefixes = [random_text(tokenizer, pool, rng, cfg.shared_prefix_len) for _ in range(cfg.num_groups)]
+    """`num_groups` long shared prompts; each request asks its own question with its own answer length.
+
+    The shared prompts come from `shared_prefix_seed`, not from the point's seed: like a service's system prompts
+    they stay the same across a sweep, so a server's prefix cache carries over from one point to the next."""
+    prefix_rng = np.random.default_rng(cfg.shared_prefix_seed)
+    prefixes = [random_text(tokenizer, pool, prefix_rng, cfg.shared_prefix_len) for _ in range(cfg.num_groups)]
     output_ratio = cfg.shared_prefix_output_range_ratio
     output_lens = sample_lengths(rng, cfg.shared_prefix_output_len, output_ratio, cfg.num_prompts)
     requests = []

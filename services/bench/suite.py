@@ -18,6 +18,7 @@ from services.bench.report import load_result, sweep_table
 class Workload:
     name: str
     args: tuple[str, ...]  # serve flags that define the workload
+    min_warmups: int = 0  # warm-ups before its first point, whatever --num-warmups says
 
 
 WORKLOADS = (
@@ -27,11 +28,14 @@ WORKLOADS = (
         ("--dataset-name", "random", "--random-input-len", "300", "--random-output-len", "128",
          "--random-range-ratio", "0.8"),
     ),
-    # the seed's policy assistant: 12 handbooks of 1,250 tokens, ~1,300-token prompts, uneven answers (25-231)
+    # the seed's policy assistant: 12 handbooks of 1,250 tokens, ~1,300-token prompts, uneven answers (25-231);
+    # one warm-up per handbook, so every server is measured in the steady state of a service whose handbooks it
+    # has seen before (the handbooks stay the same across points: --shared-prefix-seed)
     Workload(
         "shared-prefix",
         ("--dataset-name", "shared-prefix", "--shared-prefix-len", "1250", "--shared-prefix-question-len", "50",
          "--shared-prefix-output-len", "128", "--shared-prefix-output-range-ratio", "0.8", "--num-groups", "12"),
+        min_warmups=12,
     ),
 )  # fmt: skip
 
@@ -53,10 +57,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def warmups_for(workload: Workload, num_warmups: int) -> int:
+    """0 stays 0 (a point after the first); otherwise at least the workload's minimum."""
+    return max(num_warmups, workload.min_warmups) if num_warmups > 0 else 0
+
+
 def serve_argv(args: argparse.Namespace, workload: Workload, passthrough: list[str]) -> list[str]:
     argv = [
         "serve", "--base-url", args.base_url, "--model", args.model, "--backend", args.backend,
-        "--label", args.label, "--num-prompts", str(args.num_prompts), "--num-warmups", str(args.num_warmups),
+        "--label", args.label, "--num-prompts", str(args.num_prompts),
+        "--num-warmups", str(warmups_for(workload, args.num_warmups)),
         "--seed", str(args.seed), "--sweep", f"max-concurrency={args.concurrencies}", "--ignore-eos",
         "--save-result", "--result-dir", args.out_dir,
         "--result-filename", f"{args.label}-{workload.name}.json", *workload.args, *passthrough,

@@ -33,9 +33,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        from services.gpu_worker.worker import Worker  # torch is imported here, after the port is bound
-
-        servicer.worker = Worker(config.worker)
+        servicer.load(config.worker)  # torch is imported here, after the port is bound
     except Exception:
         log.exception("failed to load the model")
         server.stop(0)

@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.layers.linear import Projector
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
 
@@ -58,8 +59,8 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               device: torch.device) -> DecoderLM:
-    model = DecoderLM(config, backend, max_positions)
+               device: torch.device, compile_single_row: bool = False) -> DecoderLM:
+    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row))
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
         read_checkpoint(model_dir), config).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

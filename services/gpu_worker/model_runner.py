@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.selection import select_backend
+from services.gpu_worker.dtype_policy import auto_dtype
 from services.gpu_worker.generation_defaults import eos_token_ids
 from services.gpu_worker.input_batch import ModelInput, build_model_input
 from services.gpu_worker.kv_cache import KVCache, gpu_kv_budget_bytes, num_blocks_for_budget
@@ -33,17 +35,22 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         if config.num_threads and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
-        self.model_config = load_model_config(config.model_dir, config.dtype)
-        mc = self.model_config
+        mc = load_model_config(config.model_dir, config.dtype)
+        if config.dtype in ("auto", ""):
+            mc = replace(mc, dtype=auto_dtype(mc.dtype, self.device))
+        self.model_config = mc
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
-        self.backend = select_backend(config.attention_backend, shape, self.device)
-        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device)
+        self.backend = select_backend(config.attention_backend, shape, self.device, config.torch_compile)
+        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device,
+                                compile_single_row=config.torch_compile and self.device.type == "cpu")
+        self.model.proj.warm_up(self.model.projections())
         self.eos_token_ids = eos_token_ids(config.model_dir)
         budget = (gpu_kv_budget_bytes(self.device, config.gpu_memory_utilization) if self.device.type == "cuda"
                   else config.kv_cache_memory_bytes)
         self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size),
                                          config.block_size, self.device)
+        self.backend.warm_up(*self.kv_cache.layers[0])
 
     def describe(self) -> WorkerDescription:
         return WorkerDescription(

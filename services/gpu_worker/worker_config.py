@@ -9,11 +9,12 @@ from dataclasses import dataclass
 class WorkerConfig:
     model_dir: str
     model_name: str | None = None  # served name; defaults to the folder name
-    dtype: str = "auto"  # auto (the checkpoint's), float32, bfloat16, float16
+    dtype: str = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     block_size: int = 16
     kv_cache_memory_bytes: int = 2 * 1024**3  # CPU budget for the KV pool
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool
     attention_backend: str = "auto"  # auto, torch, triton
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
+    torch_compile: bool = True  # CPU: torch.compile decode attention and one-row matmuls (needs a C++ compiler)
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.scheduler.block_pool import Block, BlockPool
-from services.scheduler.prefix_cache import PrefixIndex, extend_block_keys
+from services.scheduler.prefix_cache import InFlightKeys, PrefixIndex, extend_block_keys
 from services.scheduler.request import Request
 
 
@@ -26,6 +26,7 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.blocks_of: dict[str, list[Block]] = {}  # req_id -> its blocks in logical order
         self.num_cached_of: dict[str, int] = {}  # req_id -> how many of its leading blocks are already indexed
+        self.in_flight = InFlightKeys()  # full blocks running requests are still to compute
 
     @property
     def usage(self) -> float:
@@ -42,14 +43,28 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return PrefixHit([])
         extend_block_keys(request.block_hashes, request.token_ids, self.block_size, request.cache_salt)
-        max_blocks = (request.num_tokens - 1) // self.block_size
         hit: list[Block] = []
-        for key in request.block_hashes[:max_blocks]:
+        for key in request.block_hashes[:self._max_hit_blocks(request)]:
             block = self.pool.lookup(key)
             if block is None:
                 break
             hit.append(block)
         return PrefixHit(hit)
+
+    def _max_hit_blocks(self, request: Request) -> int:
+        return (request.num_tokens - 1) // self.block_size
+
+    def prefix_in_flight(self, request: Request, prefix: PrefixHit) -> bool:
+        """Whether the first block the request could still hit, past `prefix`, is being computed by a running one."""
+        index = len(prefix.blocks)
+        if not self.enable_prefix_caching or index >= self._max_hit_blocks(request):
+            return False
+        return request.block_hashes[index] in self.in_flight
+
+    def mark_in_flight(self, request: Request, prefix: PrefixHit) -> None:
+        """At admission (after `find_prefix`): the request's full blocks past its hit are in flight until computed."""
+        if self.enable_prefix_caching:
+            self.in_flight.add(request.req_id, request.block_hashes, len(prefix.blocks))
 
     def record_prefix_query(self, num_tokens: int, prefix: PrefixHit) -> None:
         """Count a prompt's lookup once, when it is first admitted (nothing is counted with caching off)."""
@@ -88,15 +103,17 @@ class KVCacheManager:
         for index in range(self.num_cached_of.get(request.req_id, 0), num_full):
             self.pool.cache(blocks[index], request.block_hashes[index])
         self.num_cached_of[request.req_id] = max(num_full, self.num_cached_of.get(request.req_id, 0))
+        self.in_flight.advance(request.req_id, num_full)
 
     def free(self, request: Request) -> None:
         """Release all blocks of the request; its last blocks go first in the eviction order."""
         blocks = self.blocks_of.pop(request.req_id, [])
         self.num_cached_of.pop(request.req_id, None)
+        self.in_flight.discard(request.req_id)
         self.pool.release(list(reversed(blocks)))
 
     def check_integrity(self) -> None:
-        """free + in use == total; ref counts equal the number of owners; free <=> unreferenced; keys consistent."""
+        """free + in use == total; ref counts equal owners; free <=> unreferenced; keys and in-flight keys agree."""
         owners: dict[int, int] = {}
         for req_id, blocks in self.blocks_of.items():
             assert len({b.block_id for b in blocks}) == len(blocks), f"request {req_id} owns a block twice"
@@ -109,3 +126,12 @@ class KVCacheManager:
                 assert self.prefix_index.get(block.key) == block.block_id, f"block {block.block_id} key not indexed"
         assert len(owners) + self.pool.num_free_blocks == self.pool.num_blocks, "blocks lost or double counted"
         assert len(self.prefix_index) == sum(1 for b in self.pool.blocks if b.key is not None)
+        self._check_in_flight()
+
+    def _check_in_flight(self) -> None:
+        """Only live requests have blocks in flight, none of them already computed; none with caching off."""
+        self.in_flight.check()
+        assert self.in_flight.req_ids <= set(self.blocks_of), "a request without blocks has blocks in flight"
+        assert self.enable_prefix_caching or not len(self.in_flight), "blocks in flight with prefix caching off"
+        for req_id in self.in_flight.req_ids:
+            assert self.in_flight.next_block(req_id) >= self.num_cached_of.get(req_id, 0), f"request {req_id}"

@@ -67,3 +67,73 @@ class PrefixIndex:
 
     def keys(self) -> list[bytes]:
         return list(self._block_of_key)
+
+
+@dataclass
+class _Span:
+    keys: list[bytes]  # the producer's own key list (it only ever grows)
+    next: int  # its first block not computed yet
+    end: int  # one past its last full block when it was admitted
+
+
+class InFlightKeys:
+    """Keys of full blocks that running requests are still to compute, each with how many requests compute it."""
+
+    def __init__(self) -> None:
+        self._num_producers: dict[bytes, int] = {}
+        self._spans: dict[str, _Span] = {}  # req_id -> its blocks still in flight
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._num_producers
+
+    def __len__(self) -> int:
+        return len(self._num_producers)
+
+    @property
+    def req_ids(self) -> set[str]:
+        return set(self._spans)
+
+    def add(self, req_id: str, keys: list[bytes], start: int) -> None:
+        """A request was admitted: keys[start:] (its full blocks past the prefix hit) are now in flight."""
+        if start < len(keys):
+            self._spans[req_id] = _Span(keys, start, len(keys))
+            for key in keys[start:]:
+                self._num_producers[key] = self._num_producers.get(key, 0) + 1
+
+    def advance(self, req_id: str, num_computed_blocks: int) -> None:
+        """The request's first `num_computed_blocks` blocks are computed: they are no longer in flight."""
+        span = self._spans.get(req_id)
+        if span is None or num_computed_blocks <= span.next:
+            return
+        done = min(num_computed_blocks, span.end)
+        self._drop(span.keys[span.next:done])
+        span.next = done
+        if done == span.end:
+            del self._spans[req_id]
+
+    def discard(self, req_id: str) -> None:
+        """The request finished or was preempted: whatever it had still to compute is no longer in flight."""
+        span = self._spans.pop(req_id, None)
+        if span is not None:
+            self._drop(span.keys[span.next:span.end])
+
+    def next_block(self, req_id: str) -> int | None:
+        span = self._spans.get(req_id)
+        return None if span is None else span.next
+
+    def check(self) -> None:
+        """The producer counts are exactly the spans' keys, and no span is empty."""
+        expected: dict[bytes, int] = {}
+        for req_id, span in self._spans.items():
+            assert span.next < span.end <= len(span.keys), f"request {req_id} has an empty in-flight span"
+            for key in span.keys[span.next:span.end]:
+                expected[key] = expected.get(key, 0) + 1
+        assert expected == self._num_producers, "in-flight producer counts do not match the spans"
+
+    def _drop(self, keys: list[bytes]) -> None:
+        for key in keys:
+            count = self._num_producers[key] - 1
+            if count:
+                self._num_producers[key] = count
+            else:
+                del self._num_producers[key]

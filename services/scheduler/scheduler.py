@@ -122,9 +122,15 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def _admit(self, budget: int, step: StepInput) -> None:
+        deferred: list[Request] = []  # sitting out this step, in queue order
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             prefix = self.kv.find_prefix(request)
+            # a running request is computing the next block this one needs: wait for the hit instead of redoing it
+            if self.kv.prefix_in_flight(request, prefix):
+                deferred.append(self.waiting.popleft())
+                self.stats.record_deferral()
+                continue
             num_computed = prefix.num_tokens(self.kv.block_size)
             num_new = request.num_tokens - num_computed
             # without chunked prefill a prefill waits for a step with room, unless no step could ever hold it
@@ -139,10 +145,12 @@ class Scheduler:
             self._start(request, num_computed, prefix)
             self._schedule(request, num_new, step)
             budget -= num_new
+        self.waiting.extendleft(reversed(deferred))
 
     def _start(self, request: Request, num_computed: int, prefix: PrefixHit) -> None:
         request.status = RequestStatus.RUNNING
         request.num_computed_tokens = num_computed
+        self.kv.mark_in_flight(request, prefix)
         if request.num_cached_tokens is None:  # first admission: resumptions after preemption are not counted
             request.num_cached_tokens = num_computed
             self.kv.record_prefix_query(request.num_tokens, prefix)

@@ -21,6 +21,7 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_evictions: int = 0
+    num_prefix_deferrals: int = 0  # times a waiting request sat out a step: a running one was computing its prefix
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -31,6 +32,9 @@ class SchedulerStats:
         self.num_preemptions += num_preempted
         self.num_scheduled_tokens_last_step = num_scheduled_tokens
         self.num_scheduled_tokens_total += num_scheduled_tokens
+
+    def record_deferral(self) -> None:
+        self.num_prefix_deferrals += 1
 
     def record_finish(self, reason: FinishReason) -> None:
         self.num_finished[reason.value] = self.num_finished.get(reason.value, 0) + 1

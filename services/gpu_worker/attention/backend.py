@@ -37,6 +37,10 @@ class AttentionBackend(ABC):
                meta: AttentionMetadata) -> torch.Tensor:
         """Causal attention of query rows [T, num_heads, head_dim] over each request's paged context."""
 
+    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+        """Compile or autotune ahead of the first step (default: nothing to do)."""
+        return None
+
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                 value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,6 +26,7 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]  # host copies, for host-side loops and launch grids
     seq_lens_cpu: list[int]
+    scratch: dict = field(default_factory=dict)  # per-step tensors a backend derives once for every layer
 
     @property
     def num_requests(self) -> int:

@@ -1,20 +1,55 @@
-"""Paged attention in plain torch, for CPU: block-level gathers and scaled_dot_product_attention.
+"""Paged attention in plain torch, for CPU.
 
-Decodes (one query each) run as one batched call over contexts padded to the longest; each prefill chunk runs
-as its own call (a step holds few of them, and padding a long chunk against many decodes would cost more).
+Decodes (one query each) run as one batched call of `paged_decode`, compiled by torch.compile when enabled;
+each prefill chunk runs as its own scaled_dot_product_attention over its gathered context (a step holds few
+chunks, and padding a long chunk against many decodes would cost more). Tensors every layer needs the same
+(masks, index casts) are built once per step and kept in `meta.scratch`.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
 from services.gpu_worker.attention.metadata import AttentionMetadata
+
+log = logging.getLogger(__name__)
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+
+    def __init__(self, shape: AttentionShape, compile_decode: bool = False) -> None:
+        super().__init__(shape)
+        self.decode_fn = compiled_paged_decode() if compile_decode else paged_decode
+
+    @property
+    def decode_compiled(self) -> bool:
+        return self.decode_fn is not paged_decode
+
+    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+        """Compile the decode graphs up front (batch and block counts of 1 specialize); on failure use eager."""
+        if not self.decode_compiled:
+            return
+        try:
+            with torch.inference_mode():  # as steps run: inference tensors and grad mode are part of the guards
+                for batch, num_blocks in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 3)):
+                    self._decode_dummy(key_cache, value_cache, batch, num_blocks)
+        except Exception as exc:  # a missing C++ compiler, an unsupported platform
+            log.warning("torch.compile of decode attention failed (%s: %s); running it eagerly",
+                        type(exc).__name__, exc)
+            self.decode_fn = paged_decode
+
+    def _decode_dummy(self, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int, num_blocks: int) -> None:
+        device = key_cache.device
+        query = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=key_cache.dtype, device=device)
+        tables = torch.zeros(batch, num_blocks, dtype=torch.long, device=device)
+        lens = torch.ones(batch, dtype=torch.long, device=device)
+        self.decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
@@ -29,28 +64,14 @@ class TorchAttentionBackend(AttentionBackend):
                meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(query)
         if meta.num_decodes:
-            out[: meta.num_decodes] = self._decode(query[: meta.num_decodes], key_cache, value_cache, meta)
+            tables, lens = _decode_inputs(meta, key_cache.shape[1])
+            out[: meta.num_decodes] = self.decode_fn(query[: meta.num_decodes], key_cache, value_cache, tables,
+                                                     lens, self.shape.scale, self.shape.sliding_window or 0)
         starts = meta.query_start_loc_cpu
         for i in range(meta.num_decodes, meta.num_requests):
             q = query[starts[i]: starts[i + 1]]
             out[starts[i]: starts[i + 1]] = self._prefill(q, key_cache, value_cache, meta, i)
         return out
-
-    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """query [B, H, D] -> [B, H, D]; every request's single query is its last position."""
-        num = meta.num_decodes
-        seq_lens = meta.seq_lens[:num].long()
-        max_len = max(meta.seq_lens_cpu[:num])
-        keys, values = _gather_context(key_cache, value_cache, meta.block_tables[:num], max_len)
-        key_pos = torch.arange(max_len, device=query.device)
-        mask = key_pos[None, :] < seq_lens[:, None]
-        if self.shape.sliding_window is not None:
-            mask &= key_pos[None, :] > (seq_lens[:, None] - 1 - self.shape.sliding_window)
-        out = F.scaled_dot_product_attention(
-            query.unsqueeze(2), keys, values, attn_mask=_additive(mask[:, None, None, :], query.dtype),
-            scale=self.shape.scale, enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
-        return out.squeeze(2)
 
     def _prefill(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  meta: AttentionMetadata, i: int) -> torch.Tensor:
@@ -62,26 +83,42 @@ class TorchAttentionBackend(AttentionBackend):
         if seq_len == q_len and self.shape.sliding_window is None:  # nothing cached before the chunk: plain causal
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.shape.scale,
                                                  enable_gqa=gqa)
-            return out.squeeze(0).transpose(0, 1)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-        k_pos = torch.arange(seq_len, device=query.device)
-        mask = k_pos[None, :] <= q_pos[:, None]
-        if self.shape.sliding_window is not None:
-            mask &= k_pos[None, :] > (q_pos[:, None] - self.shape.sliding_window)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=_additive(mask, query.dtype),
-                                             scale=self.shape.scale, enable_gqa=gqa)
+        else:
+            mask = _chunk_mask(meta, i, q_len, self.shape.sliding_window, query.dtype)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.shape.scale,
+                                                 enable_gqa=gqa)
         return out.squeeze(0).transpose(0, 1)
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Boolean keep-mask -> 0 / -inf additive mask: torch's CPU attention runs about twice as fast with it."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+def _decode_inputs(meta: AttentionMetadata, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decodes' block tables trimmed to their longest context, and their lengths, as int64 (once a step)."""
+    key = "torch.decode"
+    if key not in meta.scratch:
+        num = meta.num_decodes
+        num_blocks = -(-max(meta.seq_lens_cpu[:num]) // block_size)
+        meta.scratch[key] = (meta.block_tables[:num, :num_blocks].long(), meta.seq_lens[:num].long())
+    return meta.scratch[key]
+
+
+def _chunk_mask(meta: AttentionMetadata, i: int, q_len: int, window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """Additive causal (and sliding-window) mask [q_len, seq_len] of chunk i (once a step; torch's CPU attention
+    runs about twice as fast with a 0/-inf float mask as with a boolean one)."""
+    key = ("torch.mask", i)
+    if key not in meta.scratch:
+        seq_len = meta.seq_lens_cpu[i]
+        device = meta.seq_lens.device
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+        k_pos = torch.arange(seq_len, device=device)
+        hidden = k_pos[None, :] > q_pos[:, None]
+        if window is not None:
+            hidden |= k_pos[None, :] <= (q_pos[:, None] - window)
+        meta.scratch[key] = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
+    return meta.scratch[key]
 
 
 def _gather_context(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
                     length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole blocks of each request's context -> keys, values [B, Hkv, length, D] (rows past a request's end are
-    other blocks' data or padding: callers mask them)."""
+    """Whole blocks of each request's context -> keys, values [B, Hkv, length, D]."""
     block_size = key_cache.shape[1]
     num_blocks = -(-length // block_size)
     table = block_tables[:, :num_blocks].long()

@@ -1,5 +1,6 @@
 import json
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -68,6 +69,17 @@ def test_shared_prefix_structure(tokenizer):
     outputs = [r.num_output_tokens for r in requests]
     assert min(outputs) >= 40 and max(outputs) <= 160 and len(set(outputs)) > 5
     assert [r.group for r in requests] != sorted(r.group for r in requests)  # groups interleave
+
+
+def test_shared_prompts_stay_across_seeds_questions_do_not(tokenizer):
+    """A sweep's points (and its warm-ups) use other seeds: same handbooks, other questions."""
+    cfg = DatasetConfig(name="shared-prefix", num_prompts=6, shared_prefix_len=60, shared_prefix_question_len=10,
+                        num_groups=3)
+    first, second = build_dataset(cfg, tokenizer, seed=1), build_dataset(cfg, tokenizer, seed=2)
+    assert {r.group: r.system_prompt for r in first} == {r.group: r.system_prompt for r in second}
+    assert {r.prompt for r in first}.isdisjoint({r.prompt for r in second})
+    other = build_dataset(replace(cfg, shared_prefix_seed=7), tokenizer, seed=1)
+    assert {r.system_prompt for r in other}.isdisjoint({r.system_prompt for r in first})
 
 
 def test_shared_prefix_completion_text_starts_with_the_prefix(tokenizer):

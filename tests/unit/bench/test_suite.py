@@ -1,6 +1,6 @@
 import json
 
-from services.bench.suite import main
+from services.bench.suite import WORKLOADS, main, warmups_for
 from tests.unit.bench.conftest import MODEL_DIR
 from tests.unit.bench.fake_openai_server import FakeOpenAIServer, FakeState
 
@@ -29,3 +29,11 @@ def test_suite_runs_both_workloads_over_the_concurrency_sweep(tmp_path, tokenize
     system, question = shared_bodies[0]["messages"]
     assert (system["role"], tokenizer.count(system["content"])) == ("system", 1250)
     assert tokenizer.count(question["content"]) == 50
+
+
+def test_shared_prefix_warms_every_handbook_once():
+    """A first point's warm-ups cover all 12 handbooks; later points of the same server get none."""
+    shared = next(w for w in WORKLOADS if w.name == "shared-prefix")
+    random = next(w for w in WORKLOADS if w.name == "random")
+    assert (warmups_for(shared, 2), warmups_for(shared, 0), warmups_for(shared, 20)) == (12, 0, 20)
+    assert (warmups_for(random, 2), warmups_for(random, 0)) == (2, 0)

@@ -21,7 +21,8 @@ NUM_REQUESTS = 24
 
 def make_llm(model_dir, num_blocks: int = 2048, **scheduler) -> LLM:
     budget = num_blocks * 16 * kv_bytes_per_token(load_model_config(model_dir))
-    return LLM(WorkerConfig(model_dir=str(model_dir), kv_cache_memory_bytes=budget), SchedulerConfig(**scheduler))
+    config = WorkerConfig(model_dir=str(model_dir), dtype="float32", kv_cache_memory_bytes=budget)  # exact compares
+    return LLM(config, SchedulerConfig(**scheduler))
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from services.engine.llm import LLM
+from services.gpu_worker.dtype_policy import auto_dtype
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.sampling_params import SamplingParams
 from tests.greedy_match import check_greedy_match
@@ -20,7 +21,8 @@ TOP_N = 5
 
 @pytest.fixture(scope="module")
 def llm(smollm2_dir):
-    return LLM(WorkerConfig(model_dir=str(smollm2_dir), kv_cache_memory_bytes=256 * 1024**2))
+    """fp32, as transformers runs below: the greedy comparisons are exact."""
+    return LLM(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=256 * 1024**2))
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,16 @@ def _compare(completions, transformers_greedy, label: str) -> list[str]:
 def test_capital_of_france(llm, prompts):
     [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in completion.text
+
+
+def test_serving_default_dtype_answers_paris(smollm2_dir, prompts):
+    """`--dtype auto` (bfloat16 on CPUs with fast bf16, else fp32) with the compiled decode attention."""
+    llm = LLM(WorkerConfig(model_dir=str(smollm2_dir), kv_cache_memory_bytes=64 * 1024**2))
+    runner = llm.engine.worker.runner
+    assert runner.model_config.dtype == auto_dtype(torch.float32, torch.device("cpu"))
+    assert runner.backend.decode_compiled
+    [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
+    assert "Paris" in completion.text, completion.text
 
 
 def test_greedy_matches_transformers_one_by_one(llm, prompts, transformers_greedy):

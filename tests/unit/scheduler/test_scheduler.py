@@ -354,7 +354,7 @@ def test_stats_snapshot_counts_everything():
     h = Harness(make_config(max_num_batched_tokens=6, max_num_seqs=2), describe(num_blocks=10, block_size=4),
                 scripts={"b": [0]})
     h.add(gen("a", [1, 2, 3, 4, 5], max_tokens=3))
-    h.add(gen("b", [1, 2, 3, 4, 9], max_tokens=3))
+    h.add(gen("b", [1, 2, 3, 4, 9], salt="b", max_tokens=3))  # salted: no prefix shared with a, so no deferral
     h.add(gen("c", [8, 8], max_tokens=3))
     stats = h.scheduler.snapshot_stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_usage, stats.num_steps) == (0, 3, 0.0, 0)
@@ -372,7 +372,7 @@ def test_stats_snapshot_counts_everything():
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
     assert stats.num_finished == {"stop": 1, "length": 2}
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (12, 0)
-    assert stats.num_preemptions == 0
+    assert (stats.num_preemptions, stats.num_prefix_deferrals) == (0, 0)
     h.kv.check_integrity()
 
 

@@ -323,6 +323,7 @@ def test_shared_prefixes_under_pool_pressure_keep_every_invariant(scenario: Scen
     event("preempted" if stats.num_preemptions else "no preemption")
     event("prefix hit" if stats.prefix_cache_hits else "no prefix hit")
     event("evicted" if stats.prefix_cache_evictions else "no eviction")
+    event("deferred" if stats.num_prefix_deferrals else "no deferral")
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

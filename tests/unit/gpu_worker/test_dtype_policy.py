@@ -1,0 +1,35 @@
+"""`--dtype auto`: half checkpoints keep their dtype, fp32 ones run in bfloat16 where the device is fast at it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.gpu_worker import dtype_policy
+from services.gpu_worker.dtype_policy import auto_dtype, cpu_has_fast_bf16
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ("fpu sse avx2 avx512f avx512_bf16 amx_tile", True),
+    ("fpu sse avx2 amx_bf16 amx_tile", True),
+    ("fpu sse avx2 avx512f avx512_vnni", False),
+])
+def test_cpu_flags(tmp_path, flags: str, expected: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
+    assert cpu_has_fast_bf16(str(cpuinfo)) is expected
+
+
+def test_missing_cpuinfo_means_no_bf16(tmp_path) -> None:
+    assert cpu_has_fast_bf16(str(tmp_path / "absent")) is False
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_rules_on_cpu(monkeypatch, fast: bool) -> None:
+    monkeypatch.setattr(dtype_policy, "cpu_has_fast_bf16", lambda: fast)
+    half = torch.bfloat16 if fast else torch.float32
+    assert auto_dtype(torch.float32, CPU) == half
+    assert auto_dtype(torch.float16, CPU) == half  # fp16 matmuls are slow on CPUs
+    assert auto_dtype(torch.bfloat16, CPU) == torch.bfloat16
