@@ -31,6 +31,8 @@ class SchedulerStatsCollector:
             ("pagedserve_prefix_cache_queries", "prompt tokens looked up in the prefix cache", s.prefix_cache_queries),
             ("pagedserve_prefix_cache_evictions", "cached blocks handed out for new data", s.prefix_cache_evictions),
             ("pagedserve_num_preemptions", "requests preempted (blocks taken back)", s.num_preemptions),
+            ("pagedserve_prefix_deferrals", "steps a request waited for a prefix another was computing",
+             s.num_prefix_deferrals),
             ("pagedserve_num_steps", "engine steps run", s.num_steps),
             ("pagedserve_scheduled_tokens", "tokens computed over all steps", s.num_scheduled_tokens_total),
             ("pagedserve_redis_writes", "Redis state writes done", s.num_state_writes),

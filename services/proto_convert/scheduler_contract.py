@@ -48,7 +48,8 @@ def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> Reques
 
 _STATS_SCALARS = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions",
                   "num_scheduled_tokens_total", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions",
-                  "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected")
+                  "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected",
+                  "num_prefix_deferrals")
 
 
 def stats_to_pb(stats: ServiceStats) -> scheduler_pb2.SchedulerStats:

@@ -74,4 +74,4 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
             prefix_cache_evictions=stats.prefix_cache_evictions, num_kv_blocks=engine.scheduler.worker.num_kv_blocks,
             num_state_writes=self.state.num_writes, num_state_writes_dropped=self.state.num_dropped,
-            state_store_connected=self.state.connected)
+            state_store_connected=self.state.connected, num_prefix_deferrals=stats.num_prefix_deferrals)

@@ -21,3 +21,4 @@ class ServiceStats:
     num_state_writes: int = 0  # Redis writes done
     num_state_writes_dropped: int = 0  # Redis writes dropped (slow, down, or queue full)
     state_store_connected: bool = False  # the last Redis flush succeeded
+    num_prefix_deferrals: int = 0  # steps a waiting request sat out while a running one computed its prefix

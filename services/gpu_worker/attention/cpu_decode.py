@@ -26,13 +26,14 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     keys = key_cache[block_tables].view(batch, length, num_kv_heads, 1, head_dim)
     values = value_cache[block_tables].view(batch, length, num_kv_heads, 1, head_dim)
     q = query.reshape(batch, 1, num_kv_heads, group, head_dim).float()
-    scores = (keys.float() * q).sum(-1) * scale  # [B, L, Hkv, G]
+    # [B, Hkv, G, L]: the softmax reduces over the innermost dim (Inductor parallelises it over rows, not keys)
+    scores = ((keys.float() * q).sum(-1) * scale).permute(0, 2, 3, 1)
     pos = torch.arange(length, device=query.device)[None, :]
     hidden = pos >= seq_lens[:, None]
     if window > 0:
         hidden = hidden | (pos <= seq_lens[:, None] - 1 - window)
-    probs = torch.softmax(scores.masked_fill(hidden[:, :, None, None], float("-inf")), dim=1)
-    out = (probs.unsqueeze(-1) * values.float()).sum(1)  # [B, Hkv, G, D]
+    probs = torch.softmax(scores.masked_fill(hidden[:, None, None, :], float("-inf")), dim=-1)
+    out = (probs.permute(0, 3, 1, 2).unsqueeze(-1) * values.float()).sum(1)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim).to(query.dtype)
 
 

@@ -57,7 +57,7 @@ class FakeSchedulerClient:
 
     async def get_stats(self) -> ServiceStats:
         return ServiceStats(num_running=1, kv_usage=0.25, prefix_cache_queries=40, prefix_cache_hits=16,
-                            num_finished={"stop": 3})
+                            num_finished={"stop": 3}, num_prefix_deferrals=3)
 
     async def close(self) -> None:
         pass

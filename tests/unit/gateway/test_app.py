@@ -153,6 +153,7 @@ def test_tokenize_detokenize_version_metrics(tokenizer):
     assert text == {"prompt": "Hello world"} and version["version"]
     for line in ("pagedserve_prefix_cache_hits_total 16.0", "pagedserve_prefix_cache_queries_total 40.0",
                  "pagedserve_num_preemptions_total 0.0", "pagedserve_kv_cache_usage_ratio 0.25",
+                 "pagedserve_prefix_deferrals_total 3.0",
                  "pagedserve_num_requests_running 1.0", "pagedserve_num_requests_waiting 0.0",
                  'pagedserve_request_latency_seconds_count{endpoint="chat"} 1.0'):
         assert line in metrics.splitlines()

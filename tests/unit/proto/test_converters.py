@@ -72,5 +72,5 @@ def test_description_and_stats_round_trip():
     stats = ServiceStats(num_running=2, num_waiting=1, kv_usage=0.5, num_steps=9, num_preemptions=1,
                          num_scheduled_tokens_total=90, num_finished={"stop": 3, "abort": 1}, prefix_cache_queries=64,
                          prefix_cache_hits=32, prefix_cache_evictions=2, num_kv_blocks=364, num_state_writes=5,
-                         num_state_writes_dropped=4, state_store_connected=True)
+                         num_state_writes_dropped=4, state_store_connected=True, num_prefix_deferrals=6)
     assert stats_from_pb(stats_to_pb(stats)) == stats
