@@ -129,9 +129,7 @@ def _causal_tail(meta: AttentionMetadata, q_len: int, dtype: torch.dtype) -> tor
     key = ("torch.causal", q_len, dtype)
     if key not in meta.scratch:
         ones = torch.ones(q_len, q_len, dtype=torch.bool, device=meta.seq_lens.device)
-        hidden = torch.triu(ones, diagonal=1)
-        meta.scratch[key] = torch.zeros(q_len, q_len, dtype=dtype, device=hidden.device).masked_fill_(hidden,
-                                                                                                      float("-inf"))
+        meta.scratch[key] = _additive(torch.triu(ones, diagonal=1), dtype)
     return meta.scratch[key]
 
 
@@ -147,8 +145,13 @@ def _chunk_mask(meta: AttentionMetadata, i: int, q_len: int, window: int | None,
         hidden = k_pos[None, :] > q_pos[:, None]
         if window is not None:
             hidden |= k_pos[None, :] <= (q_pos[:, None] - window)
-        meta.scratch[key] = torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill_(hidden, float("-inf"))
+        meta.scratch[key] = _additive(hidden, dtype)
     return meta.scratch[key]
+
+
+def _additive(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Boolean hide-mask -> 0 / -inf additive mask."""
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 def _gather_context(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
