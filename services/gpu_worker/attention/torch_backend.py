@@ -99,7 +99,8 @@ class TorchAttentionBackend(AttentionBackend):
 def _short_chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """A short chunk over a long cached context in 16-bit: two batched GEMMs per KV head around a softmax that
-    accumulates in fp32. torch's CPU SDPA takes about 2.5x longer for a 66-query bf16 chunk over 1,300 keys.
+    accumulates in fp32. Measured in-process on 16 requests of 66 new tokens over 1,300 cached ones (bf16), the
+    512-token steps took 600-670 ms this way against 840-880 ms through torch's CPU SDPA.
 
     query [q, H, D], keys/values [Hkv, L, D], mask additive over the last mask.shape[1] keys -> [q, H, D]."""
     q_len, num_heads, head_dim = query.shape
