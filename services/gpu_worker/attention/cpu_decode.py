@@ -7,11 +7,9 @@ small batched GEMMs. Eagerly the same function is a correct (slower) reference.
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
-log = logging.getLogger(__name__)
+from services.gpu_worker.compiling import compile_function
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
@@ -37,14 +35,7 @@ def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torc
     return out.reshape(batch, num_heads, head_dim).to(query.dtype)
 
 
-RECOMPILE_LIMIT = 64
-
-
 def compiled_paged_decode():
-    """`paged_decode` compiled with dynamic batch and context sizes after the first change of each.
-
-    Sizes of 1 specialize, so one model takes four graphs per dtype; the limit is raised so that processes that
-    build several models (tests, benchmarks) keep compiling instead of hitting dynamo's default of 8.
-    """
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(paged_decode, fullgraph=True)
+    """`paged_decode` compiled with dynamic batch and context sizes after the first change of each (sizes of 1
+    specialise: one model takes four graphs per dtype)."""
+    return compile_function(paged_decode, fullgraph=True)

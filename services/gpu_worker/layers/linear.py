@@ -12,6 +12,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from services.gpu_worker.compiling import compile_function
+
 log = logging.getLogger(__name__)
 
 
@@ -27,7 +29,7 @@ class Projector:
     """Calls F.linear, or the compiled single-row product when enabled (CPU only)."""
 
     def __init__(self, compile_single_row: bool) -> None:
-        self.single_row = torch.compile(row_times_weight, dynamic=False) if compile_single_row else None
+        self.single_row = compile_function(row_times_weight, dynamic=False) if compile_single_row else None
 
     def __call__(self, x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
         """x [T, in] through a Linear (or a tied Embedding's weight)."""
