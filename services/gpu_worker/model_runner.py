@@ -41,7 +41,8 @@ class ModelRunner:
         self.model_config = mc
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
-        self.backend = select_backend(config.attention_backend, shape, self.device, config.torch_compile)
+        self.backend = select_backend(config.attention_backend, shape, self.device, config.torch_compile,
+                                      config.native_kernels)
         self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device,
                                 compile_single_row=config.torch_compile and self.device.type == "cpu")
         self.model.proj.warm_up(self.model.projections())

@@ -11,10 +11,11 @@ from services.gpu_worker.attention.backend import AttentionBackend, AttentionSha
 BACKEND_NAMES = ("auto", "torch", "triton")
 
 
-def select_backend(name: str, shape: AttentionShape, device: torch.device,
-                   compile_decode: bool = False) -> AttentionBackend:
+def select_backend(name: str, shape: AttentionShape, device: torch.device, compile_decode: bool = False,
+                   native_decode: bool = False) -> AttentionBackend:
     """Build the backend called `name` ("auto" | "torch" | "triton"); auto means triton on CUDA, else torch.
-    `compile_decode` asks the torch backend to run its decode attention through torch.compile."""
+    The torch backend's decode attention runs in the C kernel when `native_decode` (and it builds), else through
+    torch.compile when `compile_decode`, else eagerly."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
     if name == "auto":
@@ -22,7 +23,7 @@ def select_backend(name: str, shape: AttentionShape, device: torch.device,
     if name == "torch":
         from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 
-        return TorchAttentionBackend(shape, compile_decode)
+        return TorchAttentionBackend(shape, compile_decode, native_decode)
     # Triton decides at import time whether kernels compile or run in its interpreter, from this variable.
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(f"attention backend 'triton' needs a CUDA device, or TRITON_INTERPRET=1 set before start "

@@ -1,7 +1,8 @@
 """Paged attention in plain torch, for CPU.
 
-Decodes (one query each) run as one batched call of `paged_decode`, compiled by torch.compile when enabled;
-each prefill chunk runs as its own scaled_dot_product_attention over its gathered context (a step holds few
+Decodes (one query each) run as one batched call: the C kernel of kernels/cpu when enabled and built (it reads
+each request's own blocks up to its own length), else `paged_decode` compiled by torch.compile, else eagerly; each
+prefill chunk runs as its own scaled_dot_product_attention over its gathered context (a step holds few
 chunks, and padding a long chunk against many decodes would cost more). Tensors every layer needs the same
 (masks, index casts) are built once per step and kept in `meta.scratch`.
 """
@@ -13,6 +14,8 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.paged_decode import NativePagedDecode
+from kernels.cpu.paged_decode import supports as native_supports
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
 from services.gpu_worker.attention.metadata import AttentionMetadata
@@ -24,16 +27,24 @@ SHORT_CHUNK = 128  # 16-bit chunks up to this many queries over a cached context
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, shape: AttentionShape, compile_decode: bool = False) -> None:
+    def __init__(self, shape: AttentionShape, compile_decode: bool = False, native_decode: bool = False) -> None:
         super().__init__(shape)
         self.decode_fn = compiled_paged_decode() if compile_decode else paged_decode
+        self.native_decode = native_decode  # tried by warm_up, which knows the cache dtype
 
     @property
     def decode_compiled(self) -> bool:
-        return self.decode_fn is not paged_decode
+        return self.decode_fn is not paged_decode and not self.decode_native
+
+    @property
+    def decode_native(self) -> bool:
+        return isinstance(self.decode_fn, NativePagedDecode)
 
     def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-        """Compile the decode graphs up front (batch and block counts of 1 specialize); on failure use eager."""
+        """Build the C decode kernel, or compile the decode graphs up front (batch and block counts of 1
+        specialize); on failure fall back to the next option (C kernel -> compiled -> eager) with a warning."""
+        if self.native_decode and self._use_native(key_cache, value_cache):
+            return
         if not self.decode_compiled:
             return
         try:
@@ -44,6 +55,22 @@ class TorchAttentionBackend(AttentionBackend):
             log.warning("torch.compile of decode attention failed (%s: %s); running it eagerly",
                         type(exc).__name__, exc)
             self.decode_fn = paged_decode
+
+    def _use_native(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+        s = self.shape
+        if key_cache.device.type != "cpu" or not native_supports(key_cache.dtype, s.num_heads, s.num_kv_heads,
+                                                                 s.head_dim):
+            return False
+        fallback = self.decode_fn
+        try:
+            self.decode_fn = NativePagedDecode()
+            self._decode_dummy(key_cache, value_cache, 2, 2)
+            return True
+        except Exception as exc:  # no C compiler, a compile error on this platform
+            log.warning("the C decode attention kernel is unavailable (%s: %s); using %s", type(exc).__name__, exc,
+                        "torch.compile" if fallback is not paged_decode else "eager torch")
+            self.decode_fn = fallback
+            return False
 
     def _decode_dummy(self, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int, num_blocks: int) -> None:
         device = key_cache.device
@@ -65,7 +92,7 @@ class TorchAttentionBackend(AttentionBackend):
                meta: AttentionMetadata) -> torch.Tensor:
         out = torch.empty_like(query)
         if meta.num_decodes:
-            tables, lens = _decode_inputs(meta, key_cache.shape[1])
+            tables, lens = _decode_inputs(meta, key_cache.shape[1], self.decode_native)
             out[: meta.num_decodes] = self.decode_fn(query[: meta.num_decodes], key_cache, value_cache, tables,
                                                      lens, self.shape.scale, self.shape.sliding_window or 0)
         starts = meta.query_start_loc_cpu
@@ -115,13 +142,17 @@ def _short_chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
-def _decode_inputs(meta: AttentionMetadata, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The decodes' block tables trimmed to their longest context, and their lengths, as int64 (once a step)."""
-    key = "torch.decode"
+def _decode_inputs(meta: AttentionMetadata, block_size: int, native: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decodes' block tables and lengths (once a step): as they are (int32) for the C kernel, else trimmed to
+    the longest context and int64."""
+    key = ("torch.decode", native)
     if key not in meta.scratch:
         num = meta.num_decodes
-        num_blocks = -(-max(meta.seq_lens_cpu[:num]) // block_size)
-        meta.scratch[key] = (meta.block_tables[:num, :num_blocks].long(), meta.seq_lens[:num].long())
+        if native:
+            meta.scratch[key] = (meta.block_tables[:num], meta.seq_lens[:num])
+        else:
+            num_blocks = -(-max(meta.seq_lens_cpu[:num]) // block_size)
+            meta.scratch[key] = (meta.block_tables[:num, :num_blocks].long(), meta.seq_lens[:num].long())
     return meta.scratch[key]
 
 

@@ -65,11 +65,11 @@ def test_capital_of_france(llm, prompts):
 
 
 def test_serving_default_dtype_answers_paris(smollm2_dir, prompts):
-    """`--dtype auto` (bfloat16 on CPUs with fast bf16, else fp32) with the compiled decode attention."""
+    """`--dtype auto` (bfloat16 on CPUs with fast bf16, else fp32) with the C decode attention kernel."""
     llm = LLM(WorkerConfig(model_dir=str(smollm2_dir), kv_cache_memory_bytes=64 * 1024**2))
     runner = llm.engine.worker.runner
     assert runner.model_config.dtype == auto_dtype(torch.float32, torch.device("cpu"))
-    assert runner.backend.decode_compiled
+    assert runner.backend.decode_native
     [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in completion.text, completion.text
 

@@ -1,0 +1,46 @@
+"""Compile a C kernel of this folder into a shared library for this machine and load it with ctypes.
+
+Each process compiles once per kernel (well under a second) into a private temporary folder: `-march=native` code
+is only valid where it was built, so nothing is cached across machines. The library links OpenMP; torch has
+already loaded its own libgomp under the same soname, so the kernel's parallel loops run on torch's threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+
+
+class KernelBuildError(RuntimeError):
+    """No C compiler, or the kernel does not compile here."""
+
+
+def compiler() -> str:
+    """$CC, else cc / gcc from PATH."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return name
+    raise KernelBuildError("no C compiler found (set CC, or install gcc)")
+
+
+@functools.cache
+def load_kernel(name: str) -> ctypes.CDLL:
+    """Build kernels/cpu/<name>.c and load it (once per process)."""
+    import torch  # noqa: F401  (its libgomp must be loaded first, so that the kernel shares it)
+
+    source = HERE / f"{name}.c"
+    with tempfile.TemporaryDirectory(prefix="pagedserve-kernel-") as folder:
+        library = Path(folder) / f"{name}.so"
+        result = subprocess.run([compiler(), *FLAGS, str(source), "-o", str(library), "-lm"],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelBuildError(f"{source.name} did not compile:\n{result.stderr.strip()}")
+        return ctypes.CDLL(str(library))  # stays mapped after the folder is removed

@@ -1,0 +1,54 @@
+"""The C paged decode attention (paged_decode.c) behind the same call as the torch version."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from kernels.cpu.build import load_kernel
+
+DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+HEAD_DIMS = (64, 128)
+MAX_GROUP = 16  # query heads per kv head (paged_decode.c)
+_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + [
+    ctypes.c_float, ctypes.c_int, ctypes.c_int]
+
+
+def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    return (dtype in DTYPES and head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
+            and num_heads // num_kv_heads <= MAX_GROUP)
+
+
+class NativePagedDecode:
+    """query [B, H, D], caches [N, block_size, Hkv, D], block_tables [B, nb] int32, seq_lens [B] int32 -> [B, H, D]
+    (the contract of services.gpu_worker.attention.cpu_decode.paged_decode, on CPU tensors)."""
+
+    def __init__(self) -> None:
+        library = load_kernel("paged_decode")
+        self.entries = {}
+        for dtype, type_name in DTYPES.items():
+            for head_dim in HEAD_DIMS:
+                entry = getattr(library, f"paged_decode_{type_name}_d{head_dim}")
+                entry.argtypes, entry.restype = _ARGTYPES, ctypes.c_int
+                self.entries[dtype, head_dim] = entry
+
+    def __call__(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int) -> torch.Tensor:
+        batch, num_heads, head_dim = query.shape
+        num_kv_heads = key_cache.shape[2]
+        if not supports(query.dtype, num_heads, num_kv_heads, head_dim):
+            raise ValueError(f"no C decode kernel for {query.dtype}, {num_heads}/{num_kv_heads} heads of {head_dim}")
+        query = query.contiguous()
+        tables = block_tables.to(torch.int32).contiguous()
+        lens = seq_lens.to(torch.int32).contiguous()
+        if not (key_cache.is_contiguous() and value_cache.is_contiguous()):
+            raise ValueError("the C decode kernel needs contiguous key/value caches")
+        out = torch.empty_like(query)
+        failed = self.entries[query.dtype, head_dim](
+            query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(), tables.data_ptr(), tables.shape[1],
+            lens.data_ptr(), out.data_ptr(), batch, num_heads, num_kv_heads, key_cache.shape[1], scale, window,
+            torch.get_num_threads())
+        if failed:
+            raise MemoryError("the C decode kernel could not allocate its scratch")
+        return out
