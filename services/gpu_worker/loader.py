@@ -59,8 +59,8 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               device: torch.device, compile_single_row: bool = False) -> DecoderLM:
-    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row))
+               device: torch.device, compile_single_row: bool = False, native_rows: bool = False) -> DecoderLM:
+    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_rows))
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
         read_checkpoint(model_dir), config).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

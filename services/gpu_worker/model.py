@@ -95,6 +95,7 @@ class DecoderLM(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+        self.proj.decode_step = meta.num_decodes == meta.num_requests
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):

@@ -17,5 +17,5 @@ class WorkerConfig:
     attention_backend: str = "auto"  # auto, torch, triton
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     torch_compile: bool = True  # CPU: torch.compile decode attention and one-row matmuls (needs a C++ compiler)
-    native_kernels: bool = True  # CPU: decode attention in the C kernel of kernels/cpu, compiled at start (needs cc)
+    native_kernels: bool = True  # CPU: C kernels of kernels/cpu (decode attention, few-row linears), built at start
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)

@@ -1,13 +1,25 @@
-"""The Projector: one-row products through the compiled loop equal F.linear; other rows go to F.linear."""
+"""The Projector: few-row products through the C kernel or the compiled one-row loop equal F.linear; larger inputs
+go to F.linear; each fast path falls back when it cannot be built."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import services.gpu_worker.layers.linear as linear
+from kernels.cpu.build import KernelBuildError
 from services.gpu_worker.layers.linear import Projector
+
+
+def _check(proj: Projector, layer: nn.Linear, rows: int, atol: float) -> None:
+    x = torch.randn(rows, layer.in_features, dtype=layer.weight.dtype)
+    out = proj(x, layer)
+    assert out.shape == (rows, layer.out_features) and out.dtype == layer.weight.dtype
+    torch.testing.assert_close(out.float(), F.linear(x, layer.weight, layer.bias).float(), atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
@@ -17,18 +29,61 @@ def test_single_row_matches_linear(dtype: torch.dtype, atol: float, bias: bool) 
     layer = nn.Linear(96, 40, bias=bias, dtype=dtype).requires_grad_(False)
     proj = Projector(compile_single_row=True)
     proj.warm_up([layer])
-    assert proj.single_row is not None  # compiled, no fall-back
+    assert proj.single_row is not None and proj.small_rows is None  # compiled, no fall-back
+    proj.decode_step = True
     with torch.inference_mode():
         for rows in (1, 3):
-            x = torch.randn(rows, 96, dtype=dtype)
-            out = proj(x, layer)
-            assert out.shape == (rows, 40) and out.dtype == dtype
-            torch.testing.assert_close(out.float(), F.linear(x, layer.weight, layer.bias).float(), atol=atol, rtol=0)
+            _check(proj, layer, rows, atol)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_few_rows_go_through_the_c_kernel(dtype: torch.dtype, atol: float) -> None:
+    torch.manual_seed(1)
+    layer = nn.Linear(96, 40, dtype=dtype).requires_grad_(False)
+    proj = Projector(compile_single_row=True, native_rows=True)
+    proj.warm_up([layer])
+    assert proj.small_rows is not None
+    proj.decode_step = True
+    calls = []
+    kernel = proj.small_rows
+    proj.small_rows = lambda *args: calls.append(len(args[0])) or kernel(*args)
+    with torch.inference_mode():
+        for rows in (1, 5, 8, 9, 40):
+            _check(proj, layer, rows, atol)
+    assert calls == [1, 5, 8]  # 9 and more rows: F.linear
+
+
+def test_falls_back_to_the_compiled_row_when_the_kernel_cannot_build(monkeypatch, caplog) -> None:
+    def no_compiler():
+        raise KernelBuildError("no C compiler found")
+
+    monkeypatch.setattr(linear, "SmallLinear", no_compiler)
+    layer = nn.Linear(32, 8).requires_grad_(False)
+    proj = Projector(compile_single_row=True, native_rows=True)
+    with caplog.at_level(logging.WARNING):
+        proj.warm_up([layer])
+    assert proj.small_rows is None and proj.single_row is not None
+    assert "few-row linear kernel is unavailable" in caplog.text
+    proj.decode_step = True
+    with torch.inference_mode():
+        _check(proj, layer, 1, 1e-5)
+
+
+def test_prompt_chunks_always_use_linear() -> None:
+    """Outside decode steps even one row goes to F.linear (row-count independent numerics for prompts)."""
+    layer = nn.Linear(32, 8).requires_grad_(False)
+    proj = Projector(compile_single_row=True, native_rows=True)
+    proj.warm_up([layer])
+    proj.small_rows = proj.single_row = lambda *args: pytest.fail("a fast path ran outside a decode step")
+    with torch.inference_mode():
+        _check(proj, layer, 1, 1e-5)
 
 
 def test_tied_embedding_head() -> None:
     embedding = nn.Embedding(50, 16).requires_grad_(False)
-    proj = Projector(compile_single_row=True)
-    with torch.inference_mode():
-        hidden = torch.randn(1, 16)
-        torch.testing.assert_close(proj(hidden, embedding), hidden @ embedding.weight.T, atol=1e-5, rtol=0)
+    for proj in (Projector(compile_single_row=True), Projector(compile_single_row=False, native_rows=True)):
+        proj.warm_up([embedding])
+        proj.decode_step = True
+        with torch.inference_mode():
+            hidden = torch.randn(1, 16)
+            torch.testing.assert_close(proj(hidden, embedding), hidden @ embedding.weight.T, atol=1e-5, rtol=0)
