@@ -9,20 +9,12 @@
  * seq_lens [B] int32. A query sees positions [max(0, len - window), len); window 0: no sliding window.
  * Entry points: paged_decode_{bf16,f32}_d{64,128} (element type, head size D).
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#define LANES 16
+#include "vec.h"
+
 #define MAX_GROUP 16
 #define MAX_VECS 8 /* head size up to 128 */
-#define INLINE static inline __attribute__((always_inline))
-
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(LANES * 4)));
-typedef uint16_t vh __attribute__((vector_size(LANES * 2)));
 
 /* Attention shape and data of one call; `bf16` and `dim` are constants in each entry point. */
 typedef struct {
@@ -33,57 +25,10 @@ typedef struct {
     float scale;
 } Call;
 
-INLINE vf load_vec(const void *base, int64_t index, int bf16) {
-    if (bf16) {
-        vh h;
-        memcpy(&h, (const uint16_t *)base + index, sizeof h);
-        return (vf)(__builtin_convertvector(h, vu) << 16);
-    }
-    vf f;
-    memcpy(&f, (const float *)base + index, sizeof f);
-    return f;
-}
-
-INLINE void store_vec(void *base, int64_t index, vf v, int bf16) {
-    if (!bf16) {
-        memcpy((float *)base + index, &v, sizeof v);
-        return;
-    }
-    vu bits = (vu)v;
-    vu rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16; /* round to nearest even */
-    vu nan = (vu)(v != v);
-    vh h = __builtin_convertvector((rounded & ~nan) | (0x7FC0 & nan), vh);
-    memcpy((uint16_t *)base + index, &h, sizeof h);
-}
-
 /* The same row of the next block (ahead = its distance in elements; 0 in the last block). */
 INLINE void prefetch_row(const void *base, int64_t index, int dim, int bf16) {
     const char *p = (const char *)base + index * (bf16 ? 2 : 4);
     for (int b = 0; b < dim * (bf16 ? 2 : 4); b += 64) __builtin_prefetch(p + b);
-}
-
-INLINE float hsum(vf v) {
-    v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    v += __builtin_shuffle(v, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    v += __builtin_shuffle(v, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    v += __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-    return v[0];
-}
-
-/* exp(x) for x <= 0 (scores minus their max), relative error about 2e-7; clamped at 2^-126 below. */
-INLINE vf exp_nonpositive(vf x) {
-    vf t = x * 1.44269504088896341f; /* exp(x) = 2^t = 2^n * 2^f */
-    vi low = (vi)(t < -126.0f);
-    t = (vf)(((vi)t & ~low) | ((vi)((vf){0} - 126.0f) & low));
-    vi n = __builtin_convertvector(t - 0.5f, vi); /* truncation: for t <= 0, f = t - n lies in (-0.5, 0.5] */
-    vf y = (t - __builtin_convertvector(n, vf)) * 0.69314718055994531f;
-    vf p = y * (1.0f / 720) + 1.0f / 120;
-    p = p * y + 1.0f / 24;
-    p = p * y + 1.0f / 6;
-    p = p * y + 0.5f;
-    p = p * y + 1.0f;
-    p = p * y + 1.0f;
-    return p * (vf)((n + 127) << 23);
 }
 
 /* Scores of the group's queries for positions [start, len) into scores[g * span + t]; returns nothing, fills top. */

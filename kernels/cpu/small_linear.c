@@ -8,56 +8,11 @@
  * Layouts (contiguous): x [rows, in], w [out, in], bias [out] or NULL, y [rows, out]; x, w, bias and y share the
  * element type. Entry points: small_linear_{bf16,f32}. Returns 0, or 1 for more than MAX_ROWS rows or no memory.
  */
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#define LANES 16
+#include "vec.h"
+
 #define MAX_ROWS 8
-#define INLINE static inline __attribute__((always_inline))
-
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
-typedef int32_t vi __attribute__((vector_size(LANES * 4)));
-typedef uint16_t vh __attribute__((vector_size(LANES * 2)));
-
-INLINE vf load_vec(const void *base, int64_t index, int bf16) {
-    if (bf16) {
-        vh h;
-        memcpy(&h, (const uint16_t *)base + index, sizeof h);
-        return (vf)(__builtin_convertvector(h, vu) << 16);
-    }
-    vf f;
-    memcpy(&f, (const float *)base + index, sizeof f);
-    return f;
-}
-
-INLINE float load_one(const void *base, int64_t index, int bf16) {
-    if (!bf16) return ((const float *)base)[index];
-    uint32_t bits = (uint32_t)((const uint16_t *)base)[index] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-INLINE void store_one(void *base, int64_t index, float f, int bf16) {
-    if (!bf16) {
-        ((float *)base)[index] = f;
-        return;
-    }
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    uint16_t out = f != f ? 0x7FC0 : (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16); /* nearest even */
-    ((uint16_t *)base)[index] = out;
-}
-
-INLINE float hsum(vf v) {
-    v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
-    v += __builtin_shuffle(v, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
-    v += __builtin_shuffle(v, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
-    v += __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
-    return v[0];
-}
 
 /* Output column o for all `rows` rows of x (fp32 copy `xf`, rows of `in`). */
 INLINE void one_output(const float *xf, const void *w, const void *bias, void *y, int64_t o, int rows, int in,
@@ -71,11 +26,11 @@ INLINE void one_output(const float *xf, const void *w, const void *bias, void *y
         vf wv = load_vec(w, base + i, bf16);
         for (int m = 0; m < rows; m++) acc[m] += wv * load_vec(xf, (int64_t)m * in + i, 0);
     }
-    float bias_o = bias ? load_one(bias, o, bf16) : 0.0f;
+    float bias_o = bias ? load_scalar(bias, o, bf16) : 0.0f;
     for (int m = 0; m < rows; m++) {
         float sum = hsum(acc[m]);
-        for (int j = i; j < in; j++) sum += load_one(w, base + j, bf16) * xf[(int64_t)m * in + j];
-        store_one(y, (int64_t)m * out + o, sum + bias_o, bf16);
+        for (int j = i; j < in; j++) sum += load_scalar(w, base + j, bf16) * xf[(int64_t)m * in + j];
+        store_scalar(y, (int64_t)m * out + o, sum + bias_o, bf16);
     }
 }
 
@@ -85,7 +40,7 @@ INLINE void one_output(const float *xf, const void *w, const void *bias, void *y
         if (rows < 1 || rows > MAX_ROWS) return 1;                                                           \
         float *xf = malloc(sizeof(float) * (size_t)rows * (size_t)in);                                       \
         if (!xf) return 1;                                                                                   \
-        for (int64_t k = 0; k < (int64_t)rows * in; k++) xf[k] = load_one(x, k, BF16);                      \
+        for (int64_t k = 0; k < (int64_t)rows * in; k++) xf[k] = load_scalar(x, k, BF16);                      \
         _Pragma("omp parallel for schedule(static) num_threads(num_threads)")                                \
         for (int o = 0; o < out; o++) {                                                                      \
             switch (rows) { /* constant row counts: accumulators stay in registers */                        \

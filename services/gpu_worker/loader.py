@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from kernels.cpu.fused_ops import FusedOps
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.layers.linear import Projector
 from services.gpu_worker.model import DecoderLM
@@ -18,6 +20,8 @@ _FUSED = {  # fused parameter -> the checkpoint parameters concatenated (along d
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+log = logging.getLogger(__name__)
 
 
 def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -59,12 +63,20 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               device: torch.device, compile_single_row: bool = False, native_rows: bool = False) -> DecoderLM:
-    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_rows))
+               device: torch.device, compile_single_row: bool = False, native_kernels: bool = False) -> DecoderLM:
+    """The model on `device`; `native_kernels` (CPU): the C kernels of kernels/cpu for few-row linears and the
+    fused elementwise steps, each falling back to torch with a warning if it cannot be built."""
+    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_kernels))
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
         read_checkpoint(model_dir), config).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {config.architecture}: missing {missing}, unexpected {unexpected}")
     model.rotary.to(device)
+    if native_kernels:
+        try:
+            model.use_fused_ops(FusedOps())
+        except Exception as exc:  # no C compiler, a compile error on this platform
+            log.warning("the C fused elementwise kernels are unavailable (%s: %s); using torch",
+                        type(exc).__name__, exc)
     return model.eval()

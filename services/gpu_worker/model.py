@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu.fused_ops import FusedOps, supports
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.layers.linear import Projector
@@ -31,6 +32,7 @@ class Attention(nn.Module):
         self.proj = proj
         self.qkv_proj = _linear(config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, config.dtype)
         self.o_proj = _linear(config.q_size, config.hidden_size, config.o_bias, config.dtype)
+        self.fused: FusedOps | None = None
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.dtype)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.dtype)
@@ -44,8 +46,12 @@ class Attention(nn.Module):
         k = k.view(-1, c.num_kv_heads, c.head_dim)
         v = v.view(-1, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+            q, k = self.q_norm(q.reshape(-1, c.head_dim)).view_as(q), self.k_norm(k.reshape(-1, c.head_dim)).view_as(k)
+        if self.fused is not None and supports(q, c.head_dim // 2):
+            self.fused.rotary_(q, *rope)  # in place: q and k are this step's own tensors
+            self.fused.rotary_(k, *rope)
+        else:
+            q, k = apply_rotary(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.proj(out.reshape(-1, c.q_size), self.o_proj)
 
@@ -57,9 +63,13 @@ class MLP(nn.Module):
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = _linear(config.hidden_size, 2 * config.intermediate_size, config.mlp_bias, config.dtype)
         self.down_proj = _linear(config.intermediate_size, config.hidden_size, config.mlp_bias, config.dtype)
+        self.fused: FusedOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.proj(x, self.gate_up_proj).split(self.intermediate_size, dim=-1)
+        gate_up = self.proj(x, self.gate_up_proj)
+        if self.fused is not None and supports(gate_up, self.intermediate_size):
+            return self.proj(self.fused.silu_mul(gate_up), self.down_proj)
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.proj(F.silu(gate) * up, self.down_proj)
 
 
@@ -73,8 +83,9 @@ class DecoderLayer(nn.Module):
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(self.input_layernorm(hidden), rope, kv_cache, meta)
+        normed = self.post_attention_layernorm(attn, residual=hidden)  # hidden += attn, in place
+        return hidden + self.mlp(normed)
 
 
 class DecoderLM(nn.Module):
@@ -101,6 +112,12 @@ class DecoderLM(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, rope, kv_cache, meta)
         return self.norm(hidden)
+
+    def use_fused_ops(self, ops: FusedOps) -> None:
+        """Run norms, residual adds, rotary and SiLU-and-multiply in the C kernels (CPU; where shapes allow)."""
+        for module in self.modules():
+            if hasattr(module, "fused"):
+                module.fused = ops
 
     def projections(self) -> list[nn.Module]:
         """Every layer that `proj` runs, the output head included."""

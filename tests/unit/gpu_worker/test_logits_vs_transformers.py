@@ -21,9 +21,10 @@ def tiny(request, tmp_path_factory):
     return make_tiny_model(request.param, folder), folder
 
 
-@pytest.fixture(params=["torch", "triton"])
+@pytest.fixture(params=["torch", "torch+native", "triton"])
 def backend(request) -> str:
-    """Every check runs through both attention backends (triton in interpreter mode on CPU)."""
+    """Every check runs through both attention backends (triton in interpreter mode on CPU), and the torch one
+    also with the C kernels of kernels/cpu (decode attention, few-row linears, fused norms and SiLU)."""
     return request.param
 
 
@@ -57,6 +58,8 @@ def test_32_decode_steps(tiny, backend):
     hf_model, folder = tiny
     tokens = prompt(3, 12 + 32)  # teacher-forced: the decode inputs are fixed random tokens
     paged = PagedModel(folder, backend=backend)
+    if backend == "torch+native":  # the decode steps below go through the C kernels, not a silent fall-back
+        assert paged.model.proj.small_rows is not None and paged.model.norm.fused is not None
     state = paged.new_request("a", tokens)
     rows = [paged.step([(state, 12)])["a"]]
     rows += [paged.step([(state, 1)])["a"] for _ in range(32)]

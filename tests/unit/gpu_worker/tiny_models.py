@@ -61,8 +61,12 @@ class PagedModel:
         # on a CUDA machine the triton backend runs compiled on the GPU; on CPU through the interpreter
         device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
         self.device = device
-        self.model: DecoderLM = load_model(folder, c, select_backend(backend, shape, device), 256, device)
+        native = backend == "torch+native"  # the torch backend with the C kernels of kernels/cpu
+        attention = select_backend(backend.removesuffix("+native"), shape, device, native_decode=native)
+        self.model: DecoderLM = load_model(folder, c, attention, 256, device, native_kernels=native)
         self.kv = KVCache.allocate(c, num_blocks, block_size, device)
+        attention.warm_up(*self.kv.layers[0])  # builds the C decode kernel when asked
+        self.model.proj.warm_up(self.model.projections())
         self.block_size = block_size
         self.next_block = 0
 

@@ -1,0 +1,103 @@
+/* 16-float vectors (GCC vector extensions: AVX-512 where the build machine has it, narrower otherwise) and the
+ * loads, stores and math the CPU kernels share. Element type: bf16 (`bf16` = 1) or fp32, always a constant at the
+ * call sites so that each kernel is compiled once per type. */
+#ifndef PAGEDSERVE_VEC_H
+#define PAGEDSERVE_VEC_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+#define INLINE static inline __attribute__((always_inline))
+
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
+typedef int32_t vi __attribute__((vector_size(LANES * 4)));
+typedef uint16_t vh __attribute__((vector_size(LANES * 2)));
+
+INLINE vf load_vec(const void *base, int64_t index, int bf16) {
+    if (bf16) {
+        vh h;
+        memcpy(&h, (const uint16_t *)base + index, sizeof h);
+        return (vf)(__builtin_convertvector(h, vu) << 16);
+    }
+    vf f;
+    memcpy(&f, (const float *)base + index, sizeof f);
+    return f;
+}
+
+INLINE void store_vec(void *base, int64_t index, vf v, int bf16) {
+    if (!bf16) {
+        memcpy((float *)base + index, &v, sizeof v);
+        return;
+    }
+    vu bits = (vu)v;
+    vu rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16; /* round to nearest even */
+    vu nan = (vu)(v != v);
+    vh h = __builtin_convertvector((rounded & ~nan) | (0x7FC0 & nan), vh);
+    memcpy((uint16_t *)base + index, &h, sizeof h);
+}
+
+INLINE float hsum(vf v) {
+    v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+    v += __builtin_shuffle(v, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    v += __builtin_shuffle(v, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    v += __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    return v[0];
+}
+
+/* exp(x) for x <= 0 (scores minus their max), relative error about 2e-7; clamped at 2^-126 below. */
+INLINE vf exp_nonpositive(vf x) {
+    vf t = x * 1.44269504088896341f; /* exp(x) = 2^t = 2^n * 2^f */
+    vi low = (vi)(t < -126.0f);
+    t = (vf)(((vi)t & ~low) | ((vi)((vf){0} - 126.0f) & low));
+    vi n = __builtin_convertvector(t - 0.5f, vi); /* truncation: for t <= 0, f = t - n lies in (-0.5, 0.5] */
+    vf y = (t - __builtin_convertvector(n, vf)) * 0.69314718055994531f;
+    vf p = y * (1.0f / 720) + 1.0f / 120;
+    p = p * y + 1.0f / 24;
+    p = p * y + 1.0f / 6;
+    p = p * y + 0.5f;
+    p = p * y + 1.0f;
+    p = p * y + 1.0f;
+    return p * (vf)((n + 127) << 23);
+}
+
+INLINE float load_scalar(const void *base, int64_t index, int bf16) {
+    if (!bf16) return ((const float *)base)[index];
+    uint32_t bits = (uint32_t)((const uint16_t *)base)[index] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to the element type (nearest even for bf16), staying a float. */
+INLINE float round_scalar(float f, int bf16) {
+    if (!bf16 || f != f) return f;
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+INLINE vf round_vec(vf v, int bf16) {
+    if (!bf16) return v;
+    vu bits = (vu)v;
+    vu rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000u;
+    vu nan = (vu)(v != v);
+    return (vf)((rounded & ~nan) | ((vu)v & nan));
+}
+
+INLINE void store_scalar(void *base, int64_t index, float f, int bf16) {
+    if (!bf16) {
+        ((float *)base)[index] = f;
+        return;
+    }
+    uint32_t bits;
+    f = round_scalar(f, 1);
+    memcpy(&bits, &f, sizeof bits);
+    ((uint16_t *)base)[index] = f != f ? 0x7FC0 : (uint16_t)(bits >> 16);
+}
+
+#endif
