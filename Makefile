@@ -66,7 +66,8 @@ bench-engine: model
 # `make bench`: pagedserve with the standard suite (random and shared-prefix, EOS suppressed) at BENCH_CONCURRENCIES.
 # Prompts per point: BENCH_NUM_PROMPTS if > 0, else max(min prompts, BENCH_PROMPTS_PER_CONCURRENCY x concurrency).
 # `make bench-peers`: the same on pagedserve, llama.cpp's llama-server (built once under .peers/: ~15-25 min on 2
-# cores) and `transformers serve --continuous-batching`, then a pagedserve/peer table in BENCH_OUT/peers-summary.txt.
+# cores) and `transformers serve --continuous-batching`, then a pagedserve/peer table in BENCH_OUT/peers-summary.txt;
+# peers at BENCH_PEER_CONCURRENCIES, pagedserve also at BENCH_PEER_OWN_CONCURRENCIES (64: the issue's target there).
 BENCH_OUT ?= bench-results
 BENCH_CONCURRENCIES ?= 1,4,16,64
 BENCH_NUM_PROMPTS ?= 0
@@ -74,6 +75,7 @@ BENCH_MIN_PROMPTS ?= 8
 BENCH_PROMPTS_PER_CONCURRENCY ?= 1
 BENCH_PEERS ?= pagedserve,llama.cpp,transformers
 BENCH_PEER_CONCURRENCIES ?= 1,4,16
+BENCH_PEER_OWN_CONCURRENCIES ?= 64
 BENCH_PEER_MIN_PROMPTS ?= 4
 BENCH_ARGS ?=
 BENCH_RUN := $(PY) -m services.bench.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
@@ -85,7 +87,7 @@ bench: model
 
 bench-peers: model
 	$(BENCH_RUN) --servers $(BENCH_PEERS) --concurrencies $(BENCH_PEER_CONCURRENCIES) \
-	  --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
+	  --pagedserve-concurrencies $(BENCH_PEER_OWN_CONCURRENCIES) --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="bench-results")
     p.add_argument("--peers-dir", default=".peers", help="git-ignored: the llama.cpp build and the GGUF")
     p.add_argument("--concurrencies", default="1,4,16,64")
+    p.add_argument("--pagedserve-concurrencies", default="", help="extra points for pagedserve only, e.g. 64")
     p.add_argument("--workloads", default="random,shared-prefix")
     p.add_argument("--num-prompts", type=int, default=0, help="per point; 0: max(min, per-concurrency x c)")
     p.add_argument("--min-prompts", type=int, default=8)
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown servers {sorted(unknown)}; known: {list(SERVER_KINDS)}")
     plan = SuitePlan(
         out_dir=Path(args.out_dir), concurrencies=parse_ints(args.concurrencies),
+        own_concurrencies=parse_ints(args.pagedserve_concurrencies),
         workloads=tuple(w for w in args.workloads.split(",") if w), num_prompts=args.num_prompts,
         min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency,
         num_warmups=args.num_warmups, seed=args.seed,
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for label in labels:
         if not args.no_run:
-            runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies))
-        write_server_results(plan, label, plan.concurrencies, plot=not args.no_plot)
+            runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies_for(label)))
+        write_server_results(plan, label, plan.concurrencies_for(label), plot=not args.no_plot)
     header = _header(runs, started)
     if len(labels) > 1:
         table = comparison(plan.out_dir, labels, plan.workloads, plot=not args.no_plot)

@@ -10,6 +10,7 @@ from pathlib import Path
 class SuitePlan:
     out_dir: Path
     concurrencies: tuple[int, ...] = (1, 4, 16, 64)
+    own_concurrencies: tuple[int, ...] = ()  # extra points for pagedserve only (peers would take too long there)
     workloads: tuple[str, ...] = ("random", "shared-prefix")
     num_prompts: int = 0  # > 0: this many per point; 0: max(min_prompts, prompts_per_concurrency x concurrency)
     min_prompts: int = 8
@@ -18,10 +19,15 @@ class SuitePlan:
     seed: int = 0
 
     def __post_init__(self):
-        if not self.concurrencies or min(self.concurrencies) < 1:
+        if not self.concurrencies or min(self.concurrencies + self.own_concurrencies) < 1:
             raise ValueError("concurrencies must be >= 1")
         if self.num_prompts < 0 or self.min_prompts < 1 or self.prompts_per_concurrency < 1:
             raise ValueError("prompt counts must be positive")
+
+    def concurrencies_for(self, label: str) -> tuple[int, ...]:
+        """The shared points, plus pagedserve's own extra ones."""
+        extra = self.own_concurrencies if label == "pagedserve" else ()
+        return tuple(sorted(set(self.concurrencies + extra)))
 
     def prompts_for(self, concurrency: int) -> int:
         """Default: every point fills its concurrency at least once (one full wave of requests)."""

@@ -37,6 +37,12 @@ def test_prompts_and_seeds_per_point(tmp_path):
     assert [plan.prompts_for(c) for c in (1, 4, 16, 64)] == [8, 8, 16, 64]
     assert SuitePlan(tmp_path, prompts_per_concurrency=2).prompts_for(64) == 128
     assert SuitePlan(tmp_path, num_prompts=5).prompts_for(64) == 5
+
+
+def test_pagedserve_gets_its_own_extra_points(tmp_path):
+    plan = SuitePlan(tmp_path, concurrencies=(1, 4, 16), own_concurrencies=(64, 4))
+    assert plan.concurrencies_for("pagedserve") == (1, 4, 16, 64)
+    assert plan.concurrencies_for("llama.cpp") == (1, 4, 16)
     seeds = [plan.seed_for(c) for c in (1, 4, 16, 64)]
     assert not {s + 1 for s in seeds} & set(seeds), "a warm-up seed must never be a point's seed"
     with pytest.raises(ValueError):
