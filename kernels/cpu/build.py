@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 HERE = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
@@ -44,3 +49,13 @@ def load_kernel(name: str) -> ctypes.CDLL:
         if result.returncode != 0:
             raise KernelBuildError(f"{source.name} did not compile:\n{result.stderr.strip()}")
         return ctypes.CDLL(str(library))  # stays mapped after the folder is removed
+
+
+def built_or_none(what: str, build: Callable[[], T]) -> T | None:
+    """build() (which should also try the kernel once), or None with a warning naming `what` when it cannot be built
+    or run here: no compiler, a compile error on this platform. Callers then use their torch path."""
+    try:
+        return build()
+    except Exception as exc:
+        log.warning("%s is unavailable (%s: %s); using torch", what, type(exc).__name__, exc)
+        return None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from kernels.cpu.build import built_or_none
 from kernels.cpu.fused_ops import FusedOps
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.layers.linear import Projector
@@ -21,7 +21,6 @@ _FUSED = {  # fused parameter -> the checkpoint parameters concatenated (along d
 }
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
-log = logging.getLogger(__name__)
 
 
 def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -73,10 +72,6 @@ def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBac
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {config.architecture}: missing {missing}, unexpected {unexpected}")
     model.rotary.to(device)
-    if native_kernels:
-        try:
-            model.use_fused_ops(FusedOps())
-        except Exception as exc:  # no C compiler, a compile error on this platform
-            log.warning("the C fused elementwise kernels are unavailable (%s: %s); using torch",
-                        type(exc).__name__, exc)
+    if native_kernels and (ops := built_or_none("the C fused-ops kernel", FusedOps)) is not None:
+        model.use_fused_ops(ops)
     return model.eval()

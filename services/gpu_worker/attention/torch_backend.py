@@ -14,6 +14,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.build import built_or_none
 from kernels.cpu.paged_decode import NativePagedDecode
 from kernels.cpu.paged_decode import supports as native_supports
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
@@ -50,7 +51,7 @@ class TorchAttentionBackend(AttentionBackend):
         try:
             with torch.inference_mode():  # as steps run: inference tensors and grad mode are part of the guards
                 for batch, num_blocks in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 3)):
-                    self._decode_dummy(key_cache, value_cache, batch, num_blocks)
+                    self._decode_dummy(self.decode_fn, key_cache, value_cache, batch, num_blocks)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform
             log.warning("torch.compile of decode attention failed (%s: %s); running it eagerly",
                         type(exc).__name__, exc)
@@ -61,23 +62,24 @@ class TorchAttentionBackend(AttentionBackend):
         if key_cache.device.type != "cpu" or not native_supports(key_cache.dtype, s.num_heads, s.num_kv_heads,
                                                                  s.head_dim):
             return False
-        fallback = self.decode_fn
-        try:
-            self.decode_fn = NativePagedDecode()
-            self._decode_dummy(key_cache, value_cache, 2, 2)
-            return True
-        except Exception as exc:  # no C compiler, a compile error on this platform
-            log.warning("the C decode attention kernel is unavailable (%s: %s); using %s", type(exc).__name__, exc,
-                        "torch.compile" if fallback is not paged_decode else "eager torch")
-            self.decode_fn = fallback
-            return False
+        kernel = built_or_none("the C decode attention kernel",
+                               lambda: self._tried(NativePagedDecode(), key_cache, value_cache))
+        if kernel is not None:
+            self.decode_fn = kernel
+        return kernel is not None
 
-    def _decode_dummy(self, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int, num_blocks: int) -> None:
+    def _tried(self, kernel: NativePagedDecode, key_cache: torch.Tensor, value_cache: torch.Tensor
+               ) -> NativePagedDecode:
+        self._decode_dummy(kernel, key_cache, value_cache, 2, 2)
+        return kernel
+
+    def _decode_dummy(self, decode_fn, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int,
+                      num_blocks: int) -> None:
         device = key_cache.device
         query = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=key_cache.dtype, device=device)
         tables = torch.zeros(batch, num_blocks, dtype=torch.long, device=device)
         lens = torch.ones(batch, dtype=torch.long, device=device)
-        self.decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
+        decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:

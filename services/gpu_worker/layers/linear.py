@@ -18,6 +18,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.build import built_or_none
 from kernels.cpu.small_linear import MAX_ROWS, SmallLinear
 from kernels.cpu.small_linear import supports as supports_small
 from services.gpu_worker.compiling import compile_function
@@ -74,11 +75,10 @@ class Projector:
         weights = [layer.weight for layer in layers]
         if not weights or not all(supports_small(w[:1], w) for w in weights):
             return False
-        try:
-            kernel = SmallLinear()
-            kernel(torch.zeros(2, weights[0].shape[1], dtype=weights[0].dtype), weights[0], None)
-        except Exception as exc:  # no C compiler, a compile error on this platform
-            log.warning("the C few-row linear kernel is unavailable (%s: %s)", type(exc).__name__, exc)
-            return False
-        self.small_rows = kernel
-        return True
+        self.small_rows = built_or_none("the C few-row linear kernel", lambda: _tried(SmallLinear(), weights[0]))
+        return self.small_rows is not None
+
+
+def _tried(kernel: SmallLinear, weight: torch.Tensor) -> SmallLinear:
+    kernel(torch.zeros(2, weight.shape[1], dtype=weight.dtype), weight, None)
+    return kernel

@@ -57,3 +57,24 @@ def test_unknown_rope_type_is_rejected(tmp_path, tiny_llama):
     (tmp_path / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UnsupportedModelError, match="yarn"):
         load_model_config(tmp_path)
+
+
+def test_native_kernels_fall_back_to_torch_when_they_cannot_be_built(tiny_llama, monkeypatch, caplog):
+    """No C compiler: the model still loads and matches transformers, through torch, with a warning."""
+    import logging
+
+    import services.gpu_worker.loader as loader
+    from kernels.cpu.build import KernelBuildError
+
+    def no_compiler():
+        raise KernelBuildError("no C compiler found")
+
+    monkeypatch.setattr(loader, "FusedOps", no_compiler)
+    hf_model, folder = tiny_llama
+    with caplog.at_level(logging.WARNING):
+        paged = PagedModel(folder, backend="torch+native")
+    assert "C fused-ops kernel is unavailable" in caplog.text
+    assert paged.model.norm.fused is None and paged.model.proj.small_rows is not None  # only the fused ops fell back
+    tokens = prompt(9, 20)
+    logits = paged.step([(paged.new_request("a", tokens), len(tokens))])["a"]
+    torch.testing.assert_close(logits, reference_logits(hf_model, tokens), atol=1e-4, rtol=0)
