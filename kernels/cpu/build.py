@@ -18,8 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+import torch
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+ELEMENT_TYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # the kernels' entry-point suffixes
 HERE = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 
@@ -39,8 +42,6 @@ def compiler() -> str:
 @functools.cache
 def load_kernel(name: str) -> ctypes.CDLL:
     """Build kernels/cpu/<name>.c and load it (once per process)."""
-    import torch  # noqa: F401  (its libgomp must be loaded first, so that the kernel shares it)
-
     source = HERE / f"{name}.c"
     with tempfile.TemporaryDirectory(prefix="pagedserve-kernel-") as folder:
         library = Path(folder) / f"{name}.so"
@@ -48,7 +49,15 @@ def load_kernel(name: str) -> ctypes.CDLL:
                                 capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{source.name} did not compile:\n{result.stderr.strip()}")
-        return ctypes.CDLL(str(library))  # stays mapped after the folder is removed
+        return ctypes.CDLL(str(library))  # stays mapped after the folder is removed (torch, imported above, has
+        # already loaded its libgomp, so the kernel shares it)
+
+
+def bind(library: ctypes.CDLL, symbol: str, argtypes: list, restype=ctypes.c_int):
+    """The kernel entry point `symbol` with its C signature set."""
+    entry = getattr(library, symbol)
+    entry.argtypes, entry.restype = argtypes, restype
+    return entry
 
 
 def built_or_none(what: str, build: Callable[[], T]) -> T | None:

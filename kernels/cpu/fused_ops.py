@@ -7,27 +7,23 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import load_kernel
+from kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
 
-DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 LANES = 16  # widths must be multiples of this (fused_ops.c)
 
 
 def supports(x: torch.Tensor, width: int) -> bool:
-    return x.dtype in DTYPES and x.device.type == "cpu" and width % LANES == 0
+    return x.dtype in ELEMENT_TYPES and x.device.type == "cpu" and width % LANES == 0
 
 
 class FusedOps:
     def __init__(self) -> None:
         library = load_kernel("fused_ops")
         ptr, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-        self.entries = {}
-        for dtype, name in DTYPES.items():
-            for op, argtypes in (("rms_norm", [ptr] * 4 + [i, i, f, i]), ("silu_mul", [ptr, ptr, i, i, i]),
-                                 ("rotary", [ptr, ctypes.c_int64, ptr, ptr, i, i, i, i])):
-                entry = getattr(library, f"{op}_{name}")
-                entry.argtypes, entry.restype = argtypes, None
-                self.entries[op, dtype] = entry
+        signatures = {"rms_norm": [ptr] * 4 + [i, i, f, i], "silu_mul": [ptr, ptr, i, i, i],
+                      "rotary": [ptr, ctypes.c_int64, ptr, ptr, i, i, i, i]}
+        self.entries = {(op, dtype): bind(library, f"{op}_{name}", argtypes, restype=None)
+                        for op, argtypes in signatures.items() for dtype, name in ELEMENT_TYPES.items()}
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor:

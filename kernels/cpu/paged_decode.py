@@ -6,9 +6,8 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import load_kernel
+from kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
 
-DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 16  # query heads per kv head (paged_decode.c)
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int] * 4 + [
@@ -16,7 +15,7 @@ _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_voi
 
 
 def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    return (dtype in DTYPES and head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
+    return (dtype in ELEMENT_TYPES and head_dim in HEAD_DIMS and num_heads % num_kv_heads == 0
             and num_heads // num_kv_heads <= MAX_GROUP)
 
 
@@ -26,12 +25,8 @@ class NativePagedDecode:
 
     def __init__(self) -> None:
         library = load_kernel("paged_decode")
-        self.entries = {}
-        for dtype, type_name in DTYPES.items():
-            for head_dim in HEAD_DIMS:
-                entry = getattr(library, f"paged_decode_{type_name}_d{head_dim}")
-                entry.argtypes, entry.restype = _ARGTYPES, ctypes.c_int
-                self.entries[dtype, head_dim] = entry
+        self.entries = {(dtype, head_dim): bind(library, f"paged_decode_{name}_d{head_dim}", _ARGTYPES)
+                        for dtype, name in ELEMENT_TYPES.items() for head_dim in HEAD_DIMS}
 
     def __call__(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, window: int) -> torch.Tensor:

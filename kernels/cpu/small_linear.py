@@ -6,26 +6,22 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import load_kernel
+from kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
 
-DTYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
 MAX_ROWS = 8  # small_linear.c
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype and x.dtype in DTYPES
+    return (x.dim() == 2 and 1 <= x.shape[0] <= MAX_ROWS and x.dtype == weight.dtype and x.dtype in ELEMENT_TYPES
             and x.device.type == "cpu" and weight.device.type == "cpu" and weight.is_contiguous())
 
 
 class SmallLinear:
     def __init__(self) -> None:
         library = load_kernel("small_linear")
-        self.entries = {}
-        for dtype, type_name in DTYPES.items():
-            entry = getattr(library, f"small_linear_{type_name}")
-            entry.argtypes, entry.restype = _ARGTYPES, ctypes.c_int
-            self.entries[dtype] = entry
+        self.entries = {dtype: bind(library, f"small_linear_{name}", _ARGTYPES)
+                        for dtype, name in ELEMENT_TYPES.items()}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not supports(x, weight) or (bias is not None and bias.dtype != x.dtype):
