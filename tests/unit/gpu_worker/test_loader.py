@@ -74,7 +74,7 @@ def test_native_kernels_fall_back_to_torch_when_they_cannot_be_built(tiny_llama,
     with caplog.at_level(logging.WARNING):
         paged = PagedModel(folder, backend="torch+native")
     assert "C fused-ops kernel is unavailable" in caplog.text
-    assert paged.model.norm.fused is None and paged.model.proj.small_rows is not None  # only the fused ops fell back
+    assert paged.model.norm.fused is None and paged.model.proj.packed is not None  # only the fused ops fell back
     tokens = prompt(9, 20)
     logits = paged.step([(paged.new_request("a", tokens), len(tokens))])["a"]
     torch.testing.assert_close(logits, reference_logits(hf_model, tokens), atol=1e-4, rtol=0)

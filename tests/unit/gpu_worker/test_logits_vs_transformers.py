@@ -24,7 +24,7 @@ def tiny(request, tmp_path_factory):
 @pytest.fixture(params=["torch", "torch+native", "triton"])
 def backend(request) -> str:
     """Every check runs through both attention backends (triton in interpreter mode on CPU), and the torch one
-    also with the C kernels of kernels/cpu (decode attention, few-row linears, fused norms and SiLU)."""
+    also with the C kernels of kernels/cpu (decode attention, the fp32 packed GEMM, fused norms and SiLU)."""
     return request.param
 
 
@@ -59,7 +59,7 @@ def test_32_decode_steps(tiny, backend):
     tokens = prompt(3, 12 + 32)  # teacher-forced: the decode inputs are fixed random tokens
     paged = PagedModel(folder, backend=backend)
     if backend == "torch+native":  # the decode steps below go through the C kernels, not a silent fall-back
-        assert paged.model.proj.small_rows is not None and paged.model.norm.fused is not None
+        assert paged.model.proj.packed is not None and paged.model.norm.fused is not None  # fp32 models
     state = paged.new_request("a", tokens)
     rows = [paged.step([(state, 12)])["a"]]
     rows += [paged.step([(state, 1)])["a"] for _ in range(32)]
