@@ -14,7 +14,7 @@
 #include "vec.h"
 
 #define MAX_GROUP 16
-#define MAX_VECS 8 /* head size up to 128 */
+#define MAX_VECS (128 / LANES) /* head size up to 128 */
 
 /* Attention shape and data of one call; `bf16` and `dim` are constants in each entry point. */
 typedef struct {

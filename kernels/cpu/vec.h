@@ -1,4 +1,5 @@
-/* 16-float vectors (GCC vector extensions: AVX-512 where the build machine has it, narrower otherwise) and the
+/* 16-float vectors where the build machine has AVX-512, else 8 (GCC vector extensions; a 16-float vector on an
+ * AVX2 machine is split through memory and ran ~4x slower in paged_prefill.c), and the
  * loads, stores and math the CPU kernels share. Element type: bf16 (`bf16` = 1) or fp32, always a constant at the
  * call sites so that each kernel is compiled once per type. */
 #ifndef PAGEDSERVE_VEC_H
@@ -8,7 +9,11 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __AVX512F__
 #define LANES 16
+#else
+#define LANES 8
+#endif
 #define INLINE static inline __attribute__((always_inline))
 
 typedef float vf __attribute__((vector_size(LANES * 4)));
@@ -40,10 +45,16 @@ INLINE void store_vec(void *base, int64_t index, vf v, int bf16) {
 }
 
 INLINE float hsum(vf v) {
+#if LANES == 16
     v += __builtin_shuffle(v, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
     v += __builtin_shuffle(v, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
     v += __builtin_shuffle(v, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
     v += __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+#else
+    v += __builtin_shuffle(v, (vi){4, 5, 6, 7, 0, 1, 2, 3});
+    v += __builtin_shuffle(v, (vi){2, 3, 0, 1, 6, 7, 4, 5});
+    v += __builtin_shuffle(v, (vi){1, 0, 3, 2, 5, 4, 7, 6});
+#endif
     return v[0];
 }
 

@@ -15,21 +15,47 @@ from tests.kernels.tolerances import assert_close_to_ref
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("compile_decode", [False, True])
+@pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
 @pytest.mark.parametrize("sliding_window", [None, 24])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mixed_step_matches_reference(dtype: torch.dtype, sliding_window: int | None, compile_decode: bool) -> None:
+def test_mixed_step_matches_reference(dtype: torch.dtype, sliding_window: int | None, kernels: str) -> None:
     # decodes first; then a fresh prompt, a short chunk after 300 cached tokens (16-bit: the two-GEMM path) and a
-    # chunk longer than SHORT_CHUNK after a cached prefix (SDPA)
+    # chunk longer than SHORT_CHUNK after a cached prefix (SDPA); "native": every chunk in the C prefill kernel
     long_chunk = SHORT_CHUNK + 22
     seq_lens, query_lens = [1, 17, 300, 40, 306, long_chunk + 50], [1, 1, 1, 40, 6, long_chunk]
     batch = make_batch(seq_lens, query_lens, 6, 2, 64, 16, dtype, CPU, seed=5)
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, sliding_window), compile_decode)
+    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, sliding_window), kernels == "compiled",
+                                    native_decode=kernels == "native")
     backend.warm_up(batch.key_cache, batch.value_cache)
-    assert backend.decode_compiled is compile_decode
+    assert backend.decode_compiled is (kernels == "compiled")
+    assert backend.decode_native is (kernels == "native") and (backend.prefill_fn is not None) is (kernels == "native")
     meta = _metadata(batch, _new_token_slots(batch, 16), 3)
     with torch.inference_mode():
         out = backend.attend(batch.query, batch.key_cache, batch.value_cache, meta)
     ref = paged_attention_ref(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, seq_lens,
                               batch.query_start_loc_cpu, 0.125, sliding_window)
     assert_close_to_ref(out, ref, dtype)
+
+
+def test_prefill_kernel_falls_back_to_sdpa_when_it_cannot_build(monkeypatch, caplog) -> None:
+    import logging
+
+    import services.gpu_worker.attention.torch_backend as torch_backend
+    from kernels.cpu.build import KernelBuildError
+
+    def no_compiler():
+        raise KernelBuildError("no C compiler found")
+
+    monkeypatch.setattr(torch_backend, "NativePagedPrefill", no_compiler)
+    batch = make_batch([30], [30], 6, 2, 64, 16, torch.float32, CPU, seed=1)
+    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, None), native_decode=True)
+    with caplog.at_level(logging.WARNING):
+        backend.warm_up(batch.key_cache, batch.value_cache)
+    assert backend.prefill_fn is None and backend.decode_native  # only the prefill kernel fell back
+    assert "C prefill attention kernel is unavailable" in caplog.text
+    meta = _metadata(batch, _new_token_slots(batch, 16), 0)
+    with torch.inference_mode():
+        out = backend.attend(batch.query, batch.key_cache, batch.value_cache, meta)
+    ref = paged_attention_ref(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, [30],
+                              batch.query_start_loc_cpu, 0.125, None)
+    assert_close_to_ref(out, ref, torch.float32)
