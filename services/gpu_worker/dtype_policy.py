@@ -2,7 +2,8 @@
 
 Like vLLM's `auto`, a half-precision checkpoint keeps its dtype and an fp32 checkpoint is served in 16 bits where
 the device computes them fast: bfloat16 on CUDA devices that support it and on CPUs with AVX512-BF16 or AMX
-(about 2.5x the fp32 matmul rate on the CI machine's EPYC, at half the weight and KV-cache bytes); otherwise fp32.
+(about 2.5x the fp32 matmul rate on a Zen 4 EPYC, at half the weight and KV-cache bytes); otherwise fp32
+(an AVX2-only Zen 3 EPYC runs bf16 matmuls about 9x slower than fp32).
 """
 
 from __future__ import annotations
