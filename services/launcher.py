@@ -34,7 +34,7 @@ class ServeConfig:
     worker_port: int = 50061  # the worker's gRPC port (on 127.0.0.1)
     redis_url: str = ""  # the scheduler's Redis state copy, e.g. redis://127.0.0.1:6379/0; empty: none
     api_key: str | None = None  # require `Authorization: Bearer KEY` on /v1/*
-    kv_cache_memory_bytes: int = 1024**3  # the worker's KV pool on CPU (on GPU a memory fraction applies)
+    kv_cache_memory_bytes: int = 4 * 1024**3  # the worker's KV pool on CPU (on GPU a memory fraction applies)
     startup_timeout_s: float = 600.0  # give up when the gateway is not healthy by then
     stop_timeout_s: float = 15.0  # per service, before SIGKILL
     log_level: str = "info"  # debug, info, warning, error
