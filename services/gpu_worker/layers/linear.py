@@ -1,17 +1,17 @@
 """Projections, with C fast paths on CPU: an fp32 GEMM on packed weights, and few-row decode steps in 16 bits.
 
 fp32 on CPU: every projection runs through kernels/cpu/packed_linear.c on weights packed once into column panels
-(at warm-up; the packed copy sits beside the weight). On the CI machine (AVX2, 2 threads) it takes 37 ms for all
+(at warm-up; the packed copy sits beside the weight). On the Zen 3 CI machine (AVX2, 2 threads) it takes 37 ms for all
 linears of the default model at 16 rows against 55-94 ms through torch's GEMM, 90-115 ms at 64 rows against
 140-165, and the same at 512; each output is one in-order sum whatever the row count, so prompt chunks use it too.
 
-16 bits: a step of one to eight decodes multiplies a few rows by every weight matrix: pure weight streaming. On the CI
-machine (bf16, 2 threads, all 30 layers of the default model) torch's CPU GEMM takes 20-26 ms for 1-8 rows,
+16 bits: a step of one to eight decodes multiplies a few rows by every weight matrix: pure weight streaming. On
+the Zen 4 CI machine (bf16, 2 threads, all 30 layers of the default model) torch's CPU GEMM takes 20-26 ms for 1-8 rows,
 an Inductor-generated one-row dot-product loop 11.4 ms, and the C kernel of kernels/cpu/small_linear.c 6.6 ms
 for one row (32 GB/s), 7.9 for two, 13 for four, 17 for eight. `Projector` sends up to eight rows to the C
 kernel when it is built, else single rows to the compiled loop, and everything else to F.linear.
 
-The fast paths serve decode-only steps (the model sets `decode_step` each step). Prompt chunks always go through
+The 16-bit fast paths serve decode-only steps (the model sets `decode_step` each step). Prompt chunks go through
 F.linear, whose result per row does not depend on the row count: a prompt computed whole and the same prompt's
 uncached tail after a prefix-cache hit give the same numbers, so identical greedy requests give the same text.
 """
