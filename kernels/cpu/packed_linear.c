@@ -2,55 +2,42 @@
  *
  * The packed weight holds panels of PANEL = 16 output columns; panel p is [in][16] (column 16p + j at [k][j],
  * zero past the last column), so a panel streams contiguously. A register tile of up to TILE_ROWS = 6 rows of x by
- * one panel keeps 12 accumulators of 8 floats (AVX2's 16 registers: 12 + two weight vectors + one broadcast) and
- * runs over `in` with one FMA per row and vector per k, carried across k-blocks of K_BLOCK (whose slice of the
+ * one panel keeps 6 x 16 accumulators (on AVX2, 12 of its 16 registers, beside two weight vectors and one
+ * broadcast; vec.h's vectors, KV of them per panel row) and runs over `in` with one FMA per row and vector per k, carried across k-blocks of K_BLOCK (whose slice of the
  * panel stays in L1) through a small buffer. Each output is therefore the same in-order sum of its k terms whatever
  * the row count or tile: a prompt's rows give the same numbers whole or split across steps. Rows go in blocks of
  * BLOCK_ROWS that stay in L2 while the panels stream; panels are split over OpenMP threads (torch's runtime, as in
- * the other kernels). On the CI machine (AVX2, 2 threads) all linears of the default model's 30 layers take 37 ms
- * for 16 rows against 59-94 ms through torch, 90-100 ms for 64 against 141-164, and about the same for 512.
+ * the other kernels). On the Zen 3 CI machine (AVX2, 2 threads) all linears of the default model's 30 layers take
+ * 37 ms for 16 rows against 55-94 ms through torch, 90-115 ms for 64 against 140-165, and about the same for 512.
  *
  * Layouts (contiguous, fp32): x [rows, in], packed [panels, in, 16], bias [out] or NULL, y [rows, out].
  * Entry point: packed_linear_f32. Returns 0.
  */
-#include <stdint.h>
-#include <string.h>
+#include "vec.h"
 
 #define PANEL 16
+#define KV (PANEL / LANES) /* vectors per panel row: 2 on AVX2, 1 with AVX-512 */
 #define TILE_ROWS 6
 #define BLOCK_ROWS 96
 #define K_BLOCK 256
-#define INLINE static inline __attribute__((always_inline))
-
-typedef float v8 __attribute__((vector_size(32)));
-
-INLINE v8 load8(const float *p) {
-    v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
 
 /* Rows of x through one panel over k in [k0, k1), `rows` (a constant at each call site) at a time. The partial
  * sums of a k-block wait in `part` ([rows][16], the caller's) between blocks; the last block writes y (+ bias). */
 INLINE void tile(const float *x, const float *panel, const float *bias, float *y, float *part, int rows, int in,
                  int out, int col0, int k0, int k1) {
-    v8 acc[TILE_ROWS][2];
-    for (int r = 0; r < rows; r++) {
-        acc[r][0] = k0 ? load8(part + r * PANEL) : (v8){0};
-        acc[r][1] = k0 ? load8(part + r * PANEL + 8) : (v8){0};
-    }
+    vf acc[TILE_ROWS][KV];
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < KV; i++) acc[r][i] = k0 ? load_vec(part, r * PANEL + i * LANES, 0) : (vf){0};
     for (int k = k0; k < k1; k++) {
-        v8 w0 = load8(panel + (int64_t)k * PANEL), w1 = load8(panel + (int64_t)k * PANEL + 8);
+        vf w[KV];
+        for (int i = 0; i < KV; i++) w[i] = load_vec(panel, (int64_t)k * PANEL + i * LANES, 0);
         for (int r = 0; r < rows; r++) {
             float xs = x[(int64_t)r * in + k];
-            acc[r][0] += xs * w0;
-            acc[r][1] += xs * w1;
+            for (int i = 0; i < KV; i++) acc[r][i] += xs * w[i];
         }
     }
-    for (int r = 0; r < rows; r++) {
-        memcpy(part + r * PANEL, &acc[r][0], sizeof acc[r][0]);
-        memcpy(part + r * PANEL + 8, &acc[r][1], sizeof acc[r][1]);
-    }
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < KV; i++) store_vec(part, r * PANEL + i * LANES, acc[r][i], 0);
     if (k1 < in) return;
     int width = out - col0 < PANEL ? out - col0 : PANEL;
     for (int r = 0; r < rows; r++) {
