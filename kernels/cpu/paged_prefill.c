@@ -48,6 +48,12 @@ INLINE int64_t cache_index(const Params *p, int req, int key, int kv_head) {
     return (((int64_t)block * p->block_size + key % p->block_size) * p->num_kv_heads + kv_head) * p->head_dim;
 }
 
+/* Where row r of task t (token r / group, head r % group of the kv head) sits in query and out. */
+INLINE int64_t row_offset(const Params *p, Task t, int r, int group) {
+    int token = (t.row0 + r) / group, head = t.kv_head * group + (t.row0 + r) % group;
+    return ((int64_t)(p->query_starts[t.req] + token) * p->num_heads + head) * p->head_dim;
+}
+
 /* Scores of `rows` (a constant at the call site) rows against the piece: [rows][KV] vectors. */
 INLINE void scores(const State *s, int first, int rows, int head_dim, vf out[][KV]) {
     vf acc[TILE_ROWS][KV];
@@ -127,16 +133,15 @@ INLINE void tile(const Params *p, State *s, int first, int rows, int start, int 
 
 INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
     const int group = p->num_heads / p->num_kv_heads, d = p->head_dim;
-    const int q0 = p->query_starts[t.req], q_len = p->query_starts[t.req + 1] - q0, seq_len = p->seq_lens[t.req];
+    const int q_len = p->query_starts[t.req + 1] - p->query_starts[t.req], seq_len = p->seq_lens[t.req];
     const int rows = t.row1 - t.row0;
     for (int r = 0; r < rows; r++) {
-        int token = (t.row0 + r) / group, head = t.kv_head * group + (t.row0 + r) % group;
-        int64_t at = ((int64_t)(q0 + token) * p->num_heads + head) * d;
+        int64_t at = row_offset(p, t, r, group);
         for (int c = 0; c < d; c++) s->q[r][c] = load_scalar(p->query, at + c, bf16) * p->scale;
         memset(s->acc[r], 0, sizeof(float) * d);
         s->max[r] = -INFINITY;
         s->sum[r] = 0.0f;
-        s->pos[r] = seq_len - q_len + token;
+        s->pos[r] = seq_len - q_len + (t.row0 + r) / group;
     }
     int first_key = p->window > 0 ? s->pos[0] - p->window + 1 : 0;
     first_key = first_key > 0 ? first_key - first_key % KEYS : 0;
@@ -166,8 +171,7 @@ INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
         }
     }
     for (int r = 0; r < rows; r++) {
-        int token = (t.row0 + r) / group, head = t.kv_head * group + (t.row0 + r) % group;
-        int64_t at = ((int64_t)(q0 + token) * p->num_heads + head) * d;
+        int64_t at = row_offset(p, t, r, group);
         float inverse = 1.0f / s->sum[r];
         for (int c = 0; c < d; c += LANES) store_vec(p->out, at + c, load_vec(s->acc[r], c, 0) * inverse, bf16);
     }
