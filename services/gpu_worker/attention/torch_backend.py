@@ -37,8 +37,7 @@ class TorchAttentionBackend(AttentionBackend):
     def __init__(self, shape: AttentionShape, compile_decode: bool = False, native_decode: bool = False) -> None:
         super().__init__(shape)
         self.decode_fn = compiled_paged_decode() if compile_decode else paged_decode
-        self.native_decode = native_decode  # tried by warm_up, which knows the cache dtype
-        self.native_prefill = native_decode  # the C prefill kernel goes with the C decode kernel
+        self.native_decode = native_decode  # tried by warm_up, which knows the cache dtype (prefill kernel too)
         self.prefill_fn: NativePagedPrefill | None = None  # set by warm_up
 
     @property
@@ -52,7 +51,7 @@ class TorchAttentionBackend(AttentionBackend):
     def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
         """Build the C decode kernel, or compile the decode graphs up front (batch and block counts of 1
         specialize); on failure fall back to the next option (C kernel -> compiled -> eager) with a warning."""
-        if self.native_prefill:
+        if self.native_decode:
             self._use_native_prefill(key_cache, value_cache)
         if self.native_decode and self._use_native(key_cache, value_cache):
             return
@@ -124,11 +123,9 @@ class TorchAttentionBackend(AttentionBackend):
                                                      lens, self.shape.scale, self.shape.sliding_window or 0)
         starts = meta.query_start_loc_cpu
         if self.prefill_fn is not None and meta.num_requests > meta.num_decodes:
-            first = meta.num_decodes
-            out[starts[first]:] = self.prefill_fn(
-                query[starts[first]:], key_cache, value_cache, meta.block_tables[first:],
-                meta.query_start_loc[first:] - starts[first], meta.seq_lens[first:], self.shape.scale,
-                self.shape.sliding_window or 0)
+            first = starts[meta.num_decodes]
+            out[first:] = self.prefill_fn(query[first:], key_cache, value_cache, *_prefill_inputs(meta),
+                                          self.shape.scale, self.shape.sliding_window or 0)
             return out
         for i in range(meta.num_decodes, meta.num_requests):
             q = query[starts[i]: starts[i + 1]]
@@ -187,6 +184,16 @@ def _decode_inputs(meta: AttentionMetadata, block_size: int, native: bool) -> tu
         else:
             num_blocks = -(-max(meta.seq_lens_cpu[:num]) // block_size)
             meta.scratch[key] = (meta.block_tables[:num, :num_blocks].long(), meta.seq_lens[:num].long())
+    return meta.scratch[key]
+
+
+def _prefill_inputs(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prefill chunks' block tables, query starts (from their first token) and lengths, once a step."""
+    key = "torch.prefill"
+    if key not in meta.scratch:
+        first = meta.num_decodes
+        meta.scratch[key] = (meta.block_tables[first:], meta.query_start_loc[first:] - meta.query_start_loc_cpu[first],
+                             meta.seq_lens[first:])
     return meta.scratch[key]
 
 

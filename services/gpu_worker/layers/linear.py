@@ -57,7 +57,7 @@ class Projector:
         """x [T, in] through a Linear (or a tied Embedding's weight)."""
         bias = getattr(layer, "bias", None)
         if self.packed is not None and (packed := self.packed_weights.get(layer)) is not None and x.dim() == 2:
-            return self.packed(x.float(), packed, layer.weight.shape[0], bias)
+            return self.packed(x, packed, layer.weight.shape[0], bias)
         if self.decode_step and x.shape[0] <= MAX_ROWS:
             if self.small_rows is not None and supports_small(x, layer.weight):
                 return self.small_rows(x, layer.weight, bias)
