@@ -1,45 +1,87 @@
-"""The C fp32 GEMM (packed_linear.c): x [rows, in] @ weight[out, in].T (+ bias), weights packed once at load."""
+"""The C fp32 GEMM (packed_linear.c): x [rows, in] @ weight[out, in].T (+ bias), weights packed once at load, as
+fp32 panels or, when the weight is an exact grid (weight_grid.py), as the grid's codes."""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 
 from kernels.cpu.build import bind, load_kernel
+from kernels.cpu.weight_grid import find_grid
 
 PANEL = 16  # packed_linear.c: output columns per panel
-_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+_F32_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+_CODED_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [out, in] in panels of 16 output columns: fp32 values [panels, in, 16] (bits 32), or codes
+    ([panels, in, 8] uint8 nibble pairs for 4 bits, [panels, in, 16] int8 for 8) with fp32 scales and offsets
+    [panels, in / 32, 16]."""
+
+    out_features: int
+    in_features: int
+    values: torch.Tensor
+    scales: torch.Tensor | None = None
+    offsets: torch.Tensor | None = None
+    bits: int = 32
+
+    def nbytes(self) -> int:
+        extra = [t for t in (self.scales, self.offsets) if t is not None]
+        return sum(t.numel() * t.element_size() for t in (self.values, *extra))
 
 
 def supports(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] -> panels [ceil(out / 16), in, 16]: column 16p + j of panel p at [p, k, j], zero-padded."""
-    out_features, in_features = weight.shape
+def pack_weight(weight: torch.Tensor, find_codes: bool = True) -> PackedWeight:
+    """weight [out, in] fp32 -> panels (column 16p + j of panel p at [p, k, j], zero-padded), coded when
+    `find_codes` and the weight is an exact grid."""
+    grid = find_grid(weight) if find_codes else None
+    if grid is None:
+        return PackedWeight(*weight.shape, _panels(weight))
+    codes = _panels(grid.codes)
+    if grid.bits == 4:
+        codes = codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)
+    return PackedWeight(*weight.shape, codes.contiguous(), _panels(grid.scales), _panels(grid.offsets), grid.bits)
+
+
+def _panels(matrix: torch.Tensor) -> torch.Tensor:
+    """[out, n] -> [ceil(out / 16), n, 16], zero-padded past the last row."""
+    out_features, n = matrix.shape
     panels = -(-out_features // PANEL)
-    padded = torch.zeros(panels * PANEL, in_features, dtype=weight.dtype)
-    padded[:out_features] = weight
-    return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
+    padded = torch.zeros(panels * PANEL, n, dtype=matrix.dtype)
+    padded[:out_features] = matrix
+    return padded.view(panels, PANEL, n).transpose(1, 2).contiguous()
 
 
 class PackedLinear:
     def __init__(self) -> None:
-        self.entry = bind(load_kernel("packed_linear"), "packed_linear_f32", _ARGTYPES)
+        library = load_kernel("packed_linear")
+        self.f32 = bind(library, "packed_linear_f32", _F32_ARGTYPES)
+        self.coded = bind(library, "packed_linear_coded", _CODED_ARGTYPES)
 
-    def __call__(self, x: torch.Tensor, packed: torch.Tensor, out_features: int,
-                 bias: torch.Tensor | None) -> torch.Tensor:
-        """x [rows, in] fp32 through the packed weight of a layer with `out_features` outputs."""
-        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != packed.shape[1]:
-            raise ValueError(f"no C packed linear for {tuple(x.shape)} {x.dtype} x packed {tuple(packed.shape)}")
-        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (out_features,)):
-            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {out_features} fp32 outputs")
+    def __call__(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [rows, in] fp32 through a packed weight."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != weight.in_features:
+            raise ValueError(f"no C packed linear for {tuple(x.shape)} {x.dtype} x a packed "
+                             f"[{weight.out_features}, {weight.in_features}] weight")
+        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.out_features,)):
+            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {weight.out_features} fp32 outputs")
         x = x.contiguous()
         bias = None if bias is None else bias.contiguous()
-        out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-        if x.shape[0]:
-            self.entry(x.data_ptr(), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                       x.shape[0], x.shape[1], out_features, torch.get_num_threads())
+        bias_ptr = 0 if bias is None else bias.data_ptr()
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        if not x.shape[0]:
+            return out
+        sizes = (x.shape[0], weight.in_features, weight.out_features, torch.get_num_threads())
+        if weight.bits == 32:
+            self.f32(x.data_ptr(), weight.values.data_ptr(), bias_ptr, out.data_ptr(), *sizes)
+        else:
+            self.coded(x.data_ptr(), weight.values.data_ptr(), weight.scales.data_ptr(), weight.offsets.data_ptr(),
+                       weight.bits, bias_ptr, out.data_ptr(), *sizes)
         return out

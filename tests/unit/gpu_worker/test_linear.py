@@ -9,11 +9,14 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 import services.gpu_worker.layers.linear as linear
 from kernels.cpu.build import KernelBuildError
+from kernels.cpu.packed_linear import pack_weight
 from services.gpu_worker.layers.linear import Projector
+from tests.kernels.test_cpu_packed_linear import grid_weight
 
 
 def _check(proj: Projector, layer: nn.Linear, rows: int, atol: float) -> None:
@@ -52,6 +55,22 @@ def test_fp32_goes_through_the_packed_kernel_for_any_row_count() -> None:
             for rows in (1, 9, 40):
                 _check(proj, layer, rows, 1e-4)
     assert calls == [1, 9, 40] * 2
+
+
+def test_weights_on_a_grid_are_packed_as_codes(caplog) -> None:
+    """A layer dequantized from a 4-bit checkpoint is packed as codes, with the fp32 panels' numbers."""
+    coded = nn.Linear(64, 48, bias=False).requires_grad_(False)
+    coded.weight.copy_(grid_weight(48, 64, GGMLQuantizationType.Q4_1))
+    plain = nn.Linear(64, 48).requires_grad_(False)
+    proj = Projector(compile_single_row=False, native_rows=True)
+    with caplog.at_level(logging.INFO):
+        proj.warm_up([coded, plain])
+    assert proj.packed_weights[coded].bits == 4 and proj.packed_weights[plain].bits == 32
+    assert "packed 2 weights for the C GEMM (1 as 4-bit codes, 1 as fp32)" in caplog.text
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(proj(x, coded), proj.packed(x, pack_weight(coded.weight, find_codes=False), None))
+        _check(proj, coded, 1, 1e-4)
 
 
 def test_few_16_bit_rows_go_through_the_c_kernel() -> None:
