@@ -105,14 +105,16 @@ class TorchAttentionBackend(AttentionBackend):
         lens = torch.ones(batch, dtype=torch.long, device=device)
         decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
 
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """As the base, with the skipped (negative) slots found once a step, not in every layer."""
+        _store(key, value, key_cache, value_cache, *_kept_slots(meta))
+        return self.attend(query, key_cache, value_cache, meta)
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
         keep = slot_mapping >= 0
-        if not bool(keep.all()):
-            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-        num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
-        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
-        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
+        _store(key, value, key_cache, value_cache, *_kept(slot_mapping, keep))
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
@@ -171,6 +173,27 @@ def _short_chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     probs = torch.softmax(scores, dim=-1).view(num_kv_heads, -1, length)
     out = torch.bmm(probs, values).view(num_kv_heads, group, q_len, head_dim)
     return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
+
+
+def _kept(slot_mapping: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the slots to write, the mask of their rows, None when every row is written)."""
+    return (slot_mapping, None) if bool(keep.all()) else (slot_mapping[keep], keep)
+
+
+def _kept_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """_kept of the step's slot mapping, once a step."""
+    if "torch.slots" not in meta.scratch:
+        meta.scratch["torch.slots"] = _kept(meta.slot_mapping, meta.slot_mapping >= 0)
+    return meta.scratch["torch.slots"]
+
+
+def _store(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+           slots: torch.Tensor, keep: torch.Tensor | None) -> None:
+    if keep is not None:
+        key, value = key[keep], value[keep]
+    num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)
 
 
 def _decode_inputs(meta: AttentionMetadata, block_size: int, native: bool) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
+from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.attention.torch_backend import SHORT_CHUNK, TorchAttentionBackend
 from tests.kernels.paged_batch import make_batch
 from tests.kernels.reference import paged_attention_ref
@@ -59,3 +60,22 @@ def test_prefill_kernel_falls_back_to_sdpa_when_it_cannot_build(monkeypatch, cap
     ref = paged_attention_ref(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, [30],
                               batch.query_start_loc_cpu, 0.125, None)
     assert_close_to_ref(out, ref, torch.float32)
+
+
+def test_forward_writes_every_layer_and_skips_negative_slots() -> None:
+    """The skipped slots are found once a step (meta.scratch) and every layer's cache gets the same slots."""
+    backend = TorchAttentionBackend(AttentionShape(2, 2, 16, 0.25, None))
+    backend.attend = lambda query, key_cache, value_cache, meta: query
+    meta = AttentionMetadata(slot_mapping=torch.tensor([3, -1, 9]), query_start_loc=torch.tensor([0, 3]),
+                             seq_lens=torch.tensor([3]), block_tables=torch.zeros(1, 2, dtype=torch.int32),
+                             num_decodes=0, max_query_len=3, max_seq_len=3, query_start_loc_cpu=[0, 3],
+                             seq_lens_cpu=[3])
+    key, value = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
+    for layer in range(2):
+        caches = torch.zeros(2, 2, 8, 2, 16)  # [key/value, blocks, block_size, heads, head_dim]
+        backend.forward(key, key, value, caches[0], caches[1], meta)
+        for cache, rows in ((caches[0], key), (caches[1], value)):
+            flat = cache.view(-1, 2, 16)
+            assert torch.equal(flat[3], rows[0]) and torch.equal(flat[9], rows[2]), layer
+            assert int((flat.abs().sum((1, 2)) > 0).sum()) == 2  # row 1 (slot -1) went nowhere
+    assert "torch.slots" in meta.scratch
