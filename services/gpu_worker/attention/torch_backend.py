@@ -118,11 +118,11 @@ class TorchAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
+        if meta.num_decodes == meta.num_requests:  # a decode-only step: no copy into a shared output
+            return self._decode(query, key_cache, value_cache, meta)
         out = torch.empty_like(query)
         if meta.num_decodes:
-            tables, lens = _decode_inputs(meta, key_cache.shape[1], self.decode_native)
-            out[: meta.num_decodes] = self.decode_fn(query[: meta.num_decodes], key_cache, value_cache, tables,
-                                                     lens, self.shape.scale, self.shape.sliding_window or 0)
+            out[: meta.num_decodes] = self._decode(query[: meta.num_decodes], key_cache, value_cache, meta)
         starts = meta.query_start_loc_cpu
         if self.prefill_fn is not None and meta.num_requests > meta.num_decodes:
             first = starts[meta.num_decodes]
@@ -133,6 +133,12 @@ class TorchAttentionBackend(AttentionBackend):
             q = query[starts[i]: starts[i + 1]]
             out[starts[i]: starts[i + 1]] = self._prefill(q, key_cache, value_cache, meta, i)
         return out
+
+    def _decode(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        tables, lens = _decode_inputs(meta, key_cache.shape[1], self.decode_native)
+        return self.decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale,
+                              self.shape.sliding_window or 0)
 
     def _prefill(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  meta: AttentionMetadata, i: int) -> torch.Tensor:

@@ -79,3 +79,19 @@ def test_forward_writes_every_layer_and_skips_negative_slots() -> None:
             assert torch.equal(flat[3], rows[0]) and torch.equal(flat[9], rows[2]), layer
             assert int((flat.abs().sum((1, 2)) > 0).sum()) == 2  # row 1 (slot -1) went nowhere
     assert "torch.slots" in meta.scratch
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_decode_only_step_matches_reference(native: bool) -> None:
+    """A step of decodes only returns the decode kernel's output as it is (no shared output buffer)."""
+    seq_lens = [1, 17, 300]
+    batch = make_batch(seq_lens, [1, 1, 1], 6, 2, 64, 16, torch.float32, CPU, seed=9)
+    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, None), native_decode=native)
+    backend.warm_up(batch.key_cache, batch.value_cache)
+    meta = _metadata(batch, _new_token_slots(batch, 16), 3)
+    with torch.inference_mode():
+        out = backend.attend(batch.query, batch.key_cache, batch.value_cache, meta)
+    ref = paged_attention_ref(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, seq_lens,
+                              batch.query_start_loc_cpu, 0.125, None)
+    assert out.shape == batch.query.shape
+    assert_close_to_ref(out, ref, torch.float32)
