@@ -113,8 +113,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                  slot_mapping: torch.Tensor) -> None:
-        keep = slot_mapping >= 0
-        _store(key, value, key_cache, value_cache, *_kept(slot_mapping, keep))
+        _store(key, value, key_cache, value_cache, *_kept(slot_mapping))
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
@@ -181,15 +180,16 @@ def _short_chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torc
     return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)
 
 
-def _kept(slot_mapping: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(the slots to write, the mask of their rows, None when every row is written)."""
+def _kept(slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the slots to write: the non-negative ones, the mask of their rows, None when every row is written)."""
+    keep = slot_mapping >= 0
     return (slot_mapping, None) if bool(keep.all()) else (slot_mapping[keep], keep)
 
 
 def _kept_slots(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor | None]:
     """_kept of the step's slot mapping, once a step."""
     if "torch.slots" not in meta.scratch:
-        meta.scratch["torch.slots"] = _kept(meta.slot_mapping, meta.slot_mapping >= 0)
+        meta.scratch["torch.slots"] = _kept(meta.slot_mapping)
     return meta.scratch["torch.slots"]
 
 
