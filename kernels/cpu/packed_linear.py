@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu.build import bind, load_kernel
-from kernels.cpu.weight_grid import find_grid
+from kernels.cpu.weight_grid import WeightGrid, find_grid
 
 PANEL = 16  # packed_linear.c: output columns per panel
 _F32_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
@@ -38,10 +38,10 @@ def supports(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
-def pack_weight(weight: torch.Tensor, find_codes: bool = True) -> PackedWeight:
+def pack_weight(weight: torch.Tensor, find_codes: bool = True, grid: WeightGrid | None = None) -> PackedWeight:
     """weight [out, in] fp32 -> panels (column 16p + j of panel p at [p, k, j], zero-padded), coded when
-    `find_codes` and the weight is an exact grid."""
-    grid = find_grid(weight) if find_codes else None
+    `find_codes` and the weight is an exact grid (`grid`, when the caller has looked for it already)."""
+    grid = grid if grid is not None else find_grid(weight) if find_codes else None
     if grid is None:
         return PackedWeight(*weight.shape, _panels(weight))
     codes = _panels(grid.codes)

@@ -62,10 +62,12 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               device: torch.device, compile_single_row: bool = False, native_kernels: bool = False) -> DecoderLM:
-    """The model on `device`; `native_kernels` (CPU): the C kernels of kernels/cpu for few-row linears and the
-    fused elementwise steps, each falling back to torch with a warning if it cannot be built."""
-    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_kernels))
+               device: torch.device, compile_single_row: bool = False, native_kernels: bool = False,
+               int8_activations: bool = False) -> DecoderLM:
+    """The model on `device`; `native_kernels` (CPU): the C kernels of kernels/cpu for linears (with int8 inputs
+    for 4-bit grid weights when `int8_activations`) and the fused elementwise steps, each falling back to torch with
+    a warning if it cannot be built."""
+    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_kernels, int8_activations))
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
         read_checkpoint(model_dir), config).items()}
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

@@ -45,7 +45,8 @@ class ModelRunner:
                                       config.native_kernels)
         self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device,
                                 compile_single_row=config.torch_compile and self.device.type == "cpu",
-                                native_kernels=config.native_kernels and self.device.type == "cpu")
+                                native_kernels=config.native_kernels and self.device.type == "cpu",
+                                int8_activations=config.int8_activations)
         self.model.proj.warm_up(self.model.projections())
         self.eos_token_ids = eos_token_ids(config.model_dir)
         budget = (gpu_kv_budget_bytes(self.device, config.gpu_memory_utilization) if self.device.type == "cuda"

@@ -14,7 +14,9 @@ from torch import nn
 
 import services.gpu_worker.layers.linear as linear
 from kernels.cpu.build import KernelBuildError
+from kernels.cpu.int8_linear import pack_grid
 from kernels.cpu.packed_linear import pack_weight
+from kernels.cpu.weight_grid import find_grid
 from services.gpu_worker.layers.linear import Projector
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
@@ -66,11 +68,47 @@ def test_weights_on_a_grid_are_packed_as_codes(caplog) -> None:
     with caplog.at_level(logging.INFO):
         proj.warm_up([coded, plain])
     assert proj.packed_weights[coded].bits == 4 and proj.packed_weights[plain].bits == 32
-    assert "packed 2 weights for the C GEMM (1 as 4-bit codes, 1 as fp32)" in caplog.text
+    assert "packed 2 weights for the C GEMMs (1 as 4-bit codes, 1 as fp32)" in caplog.text
     x = torch.randn(3, 64)
     with torch.inference_mode():
         assert torch.equal(proj(x, coded), proj.packed(x, pack_weight(coded.weight, find_codes=False), None))
         _check(proj, coded, 1, 1e-4)
+
+
+def test_4_bit_grid_weights_take_int8_inputs_when_asked(caplog) -> None:
+    """int8_activations: the 4-bit grid layer goes to the int8 kernel, a plain fp32 one to the packed GEMM."""
+    coded = nn.Linear(64, 48).requires_grad_(False)
+    coded.weight.copy_(grid_weight(48, 64, GGMLQuantizationType.Q4_1))
+    plain = nn.Linear(64, 48).requires_grad_(False)
+    proj = Projector(compile_single_row=False, native_rows=True, int8_activations=True)
+    with caplog.at_level(logging.INFO):
+        proj.warm_up([coded, plain])
+    assert list(proj.int8_weights) == [coded] and proj.packed_weights[plain].bits == 32
+    assert "packed 2 weights for the C GEMMs (1 as 4-bit codes x int8 inputs, 1 as fp32)" in caplog.text
+    torch.manual_seed(4)
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        out = proj(x, coded)
+        assert torch.equal(out, proj.int8(x, pack_grid(find_grid(coded.weight)), coded.bias))
+        exact = F.linear(x, coded.weight, coded.bias)
+        assert (out - exact).norm() < 0.02 * exact.norm()
+        _check(proj, plain, 3, 1e-4)
+
+
+def test_int8_falls_back_to_the_packed_codes(monkeypatch, caplog) -> None:
+    def no_compiler():
+        raise KernelBuildError("no C compiler found")
+
+    monkeypatch.setattr(linear, "Int8Linear", no_compiler)
+    coded = nn.Linear(64, 16, bias=False).requires_grad_(False)
+    coded.weight.copy_(grid_weight(16, 64, GGMLQuantizationType.Q4_1))
+    proj = Projector(compile_single_row=False, native_rows=True, int8_activations=True)
+    with caplog.at_level(logging.WARNING):
+        proj.warm_up([coded])
+    assert "int8 linear kernel is unavailable" in caplog.text
+    assert proj.int8 is None and not proj.int8_weights and proj.packed_weights[coded].bits == 4
+    with torch.inference_mode():
+        _check(proj, coded, 2, 1e-4)
 
 
 def test_few_16_bit_rows_go_through_the_c_kernel() -> None:

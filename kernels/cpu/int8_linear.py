@@ -1,0 +1,86 @@
+"""The C int8 GEMM (int8_linear.c): x [rows, in] fp32 @ weight[out, in].T (+ bias) for weights that are exact 4-bit
+grids (weight_grid.py), with x quantized to int8 per row and 32 inputs inside the call."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu.build import bind, load_kernel
+from kernels.cpu.weight_grid import GROUP, WeightGrid
+
+PANEL = 16  # int8_linear.c: output columns per panel
+_ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 4
+
+
+@dataclass(frozen=True)
+class Int8Weight:
+    """A 4-bit grid weight [out, in] in panels of 16 output columns: codes [panels, in / 4, 32] uint8 (byte 4j + i
+    of quad t: column j's input 4t + i in the low nibble, column j + 8's in the high one), scales and offsets
+    [panels, in / 32, 16] fp32; and transposed, for the inputs kept in fp32 (outliers): column codes [in, padded
+    out] uint8, column scales and offsets [in / 32, padded out] fp32."""
+
+    out_features: int
+    in_features: int
+    codes: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    column_codes: torch.Tensor
+    column_scales: torch.Tensor
+    column_offsets: torch.Tensor
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return (self.codes, self.scales, self.offsets, self.column_codes, self.column_scales, self.column_offsets)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def pack_grid(grid: WeightGrid) -> Int8Weight:
+    """A 4-bit WeightGrid -> the kernel's panels (columns past the last are zero codes with zero scales)."""
+    if grid.bits != 4:
+        raise ValueError(f"the int8 GEMM takes 4-bit grids, not {grid.bits}-bit ones")
+    out_features, in_features = grid.codes.shape
+    panels = -(-out_features // PANEL)
+    codes = _padded(grid.codes, panels).view(panels, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
+    nibbles = (codes[..., 0] | (codes[..., 1] << 4)).reshape(panels, in_features // 4, 32)
+    scales, offsets = (_padded(t, panels).view(panels, PANEL, -1).transpose(1, 2).contiguous()
+                       for t in (grid.scales, grid.offsets))
+    columns = [_padded(t, panels).T.contiguous() for t in (grid.codes, grid.scales, grid.offsets)]
+    return Int8Weight(out_features, in_features, nibbles.contiguous(), scales, offsets, *columns)
+
+
+def _padded(matrix: torch.Tensor, panels: int) -> torch.Tensor:
+    padded = torch.zeros(panels * PANEL, matrix.shape[1], dtype=matrix.dtype)
+    padded[: matrix.shape[0]] = matrix
+    return padded
+
+
+def supports(grid: WeightGrid | None) -> bool:
+    return grid is not None and grid.bits == 4 and grid.codes.shape[1] % GROUP == 0
+
+
+class Int8Linear:
+    def __init__(self) -> None:
+        self.q4 = bind(load_kernel("int8_linear"), "int8_linear_q4", _ARGTYPES)
+
+    def __call__(self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [rows, in] fp32 through a packed 4-bit weight."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != weight.in_features:
+            raise ValueError(f"no C int8 linear for {tuple(x.shape)} {x.dtype} x a 4-bit "
+                             f"[{weight.out_features}, {weight.in_features}] weight")
+        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.out_features,)):
+            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {weight.out_features} fp32 outputs")
+        x = x.contiguous()
+        bias = None if bias is None else bias.contiguous()
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        if not x.shape[0]:
+            return out
+        bias_ptr = 0 if bias is None else bias.data_ptr()
+        failed = self.q4(x.data_ptr(), *(t.data_ptr() for t in weight.tensors()), bias_ptr, out.data_ptr(),
+                         x.shape[0], weight.in_features, weight.out_features, torch.get_num_threads())
+        if failed:
+            raise MemoryError("the C int8 linear kernel could not allocate its quantized rows")
+        return out
