@@ -2,13 +2,21 @@
  *
  * A chunk of q_len tokens of request i sits at positions seq_len - q_len .. seq_len - 1 and sees keys at positions
  * <= its own (and > its own - window with a sliding window). For one kv head its query rows are (token, head of
- * the group) pairs; a task takes up to TASK_ROWS of them and walks the context in 16-key pieces, oldest first,
- * with an online softmax (running max and sum per row, output rescaled as the max grows):
- *   - the piece's keys are transposed once into kt [head_dim][16], shared by all the task's rows;
- *   - rows go TILE_ROWS at a time: scores [rows][16] = q . kt (a register tile of 6 x 16 floats), the mask, then
- *     out[rows][head_dim] = out * rescale + p . v, 16 output columns at a time (again 6 x 16 accumulators).
- * Everything accumulates in fp32 whatever the element type. Tasks (request, kv head, row range) are spread over
- * OpenMP threads (torch's runtime, as in the other kernels).
+ * the group) pairs; a task takes up to TASK_ROWS of them (a 64-token chunk of a GQA group of 3 is one task, so its
+ * context is read once) and walks the context in pieces of PIECE keys, oldest first, with an online softmax. The
+ * task's rows are innermost everywhere, so that each step is a register-tiled product with vectors over rows:
+ *   - the rows' scaled queries transposed once: qt [head_dim][rows];
+ *   - scores st [PIECE][rows] = keys . qt, read straight from the cache's key rows (bf16 pieces widened first),
+ *     6 keys x 16 rows of accumulators (12 AVX2 registers) per tile;
+ *   - the mask (only in pieces that reach the rows' own positions), running max, rescale, sum and numerators, all
+ *     as vectors over rows;
+ *   - ot [head_dim][rows] = ot * rescale + values^T . st, 6 head dims x 16 rows per tile.
+ * A row's result depends only on its own query and keys, taken in the same order whatever the chunking, so a
+ * prompt and its uncached tail after a prefix-cache hit give the same numbers. Tasks (request, kv head, row range)
+ * are spread over OpenMP threads (torch's runtime, as in the other kernels). On the Zen 3 CI machine (AVX2, 2
+ * threads), 8 chunks of 66 tokens over 1,300 cached ones (one 512-token step of the shared-prefix benchmark; 9 query
+ * / 3 kv heads of 64) take 15 ms a layer in fp32, 107 GFLOP/s, against 20 ms for this kernel's first version
+ * (16-key pieces and per-row scores: horizontal maxima, scalar loops, three tasks reading each context).
  *
  * Layouts (contiguous): query/out [T, H, D] (all the step's tokens; chunks at query_starts), caches
  * [num_blocks, block_size, Hkv, D], block_tables [num_requests][table_stride] int32, query_starts
@@ -19,10 +27,10 @@
 
 #include "vec.h"
 
-#define KEYS 16 /* keys per piece */
-#define KV (KEYS / LANES) /* vectors per piece row: 2 on AVX2, 1 with AVX-512 */
-#define TILE_ROWS 6
-#define TASK_ROWS 96
+#define PIECE 96 /* keys per piece */
+#define TASK_ROWS 192 /* rows per task, a multiple of LANES (a chunk of 64 tokens x 3 heads of a group is one) */
+#define TILE_A 6 /* register tiles: 6 keys (or head dims) x TILE_VECS row vectors */
+#define TILE_VECS 2
 #define MAX_HEAD_DIM 128
 
 typedef struct {
@@ -37,10 +45,11 @@ typedef struct {
     int req, kv_head, row0, row1; /* rows [row0, row1) of the chunk's q_len * group rows */
 } Task;
 
-typedef struct { /* one task's running state, rows relative to row0 */
-    float q[TASK_ROWS][MAX_HEAD_DIM], acc[TASK_ROWS][MAX_HEAD_DIM], max[TASK_ROWS], sum[TASK_ROWS];
-    int pos[TASK_ROWS];
-    float kt[MAX_HEAD_DIM][KEYS];
+typedef struct { /* one task's state: rows innermost, `width` = rows rounded up to LANES */
+    float qt[MAX_HEAD_DIM * TASK_ROWS], ot[MAX_HEAD_DIM * TASK_ROWS], st[PIECE * TASK_ROWS];
+    float keys[PIECE * MAX_HEAD_DIM], values[PIECE * MAX_HEAD_DIM]; /* bf16 pieces widened */
+    const float *key_rows[PIECE], *value_rows[PIECE]; /* the piece's rows: in the cache (fp32) or in keys/values */
+    float max[TASK_ROWS], sum[TASK_ROWS], pos[TASK_ROWS]; /* pos: the row's position, as a float for vector compares */
 } State;
 
 INLINE int64_t cache_index(const Params *p, int req, int key, int kv_head) {
@@ -54,131 +63,152 @@ INLINE int64_t row_offset(const Params *p, Task t, int r, int group) {
     return ((int64_t)(p->query_starts[t.req] + token) * p->num_heads + head) * p->head_dim;
 }
 
-/* Scores of `rows` (a constant at the call site) rows against the piece: [rows][KV] vectors. */
-INLINE void scores(const State *s, int first, int rows, int head_dim, vf out[][KV]) {
-    vf acc[TILE_ROWS][KV];
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < KV; i++) acc[r][i] = (vf){0};
-    for (int d = 0; d < head_dim; d++) {
-        vf k[KV];
-        for (int i = 0; i < KV; i++) k[i] = load_vec(s->kt[d], i * LANES, 0);
-        for (int r = 0; r < rows; r++) {
-            float q = s->q[first + r][d];
-            for (int i = 0; i < KV; i++) acc[r][i] += q * k[i];
+/* c[tk][vecs row vectors] (+)= sum over d of A(k, d) * b[d][rows], b [*][width], where A comes from the piece's key
+ * (or value) rows: A(k, d) = rows[k][d] for scores (keys by head dim), rows[d][k] for outputs (head dims by keys,
+ * `by_key` = 0). `tk`, `vecs` and `by_key` are constants at each call site. */
+INLINE void tile(const float *const *rows, int k0, const float *b, int width, int depth, float *c, int accumulate,
+                 int tk, int vecs, int by_key) {
+    vf acc[TILE_A][TILE_VECS];
+    for (int k = 0; k < tk; k++)
+        for (int v = 0; v < vecs; v++)
+            acc[k][v] = accumulate ? load_vec(c, (int64_t)k * width + v * LANES, 0) : (vf){0};
+    for (int d = 0; d < depth; d++) {
+        vf bv[TILE_VECS];
+        for (int v = 0; v < vecs; v++) bv[v] = load_vec(b, (int64_t)d * width + v * LANES, 0);
+        const float *row = by_key ? NULL : rows[d] + k0;
+        for (int k = 0; k < tk; k++) {
+            const float x = by_key ? rows[k0 + k][d] : row[k];
+            for (int v = 0; v < vecs; v++) acc[k][v] += x * bv[v];
         }
     }
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < KV; i++) out[r][i] = acc[r][i];
+    for (int k = 0; k < tk; k++)
+        for (int v = 0; v < vecs; v++) store_vec(c, (int64_t)k * width + v * LANES, acc[k][v], 0);
 }
 
-/* acc[rows] = acc * rescale + probs . values over the piece's `valid` keys, KEYS columns at a time. */
-INLINE void accumulate(const Params *p, State *s, int first, int rows, const float *probs, const float *rescale,
-                       const int64_t *value_at, int valid, int bf16) {
-    for (int c = 0; c < p->head_dim; c += KEYS) {
-        vf acc[TILE_ROWS][KV];
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < KV; i++) acc[r][i] = load_vec(s->acc[first + r], c + i * LANES, 0) * rescale[r];
-        for (int j = 0; j < valid; j++) {
-            vf v[KV];
-            for (int i = 0; i < KV; i++) v[i] = load_vec(p->value_cache, value_at[j] + c + i * LANES, bf16);
-            for (int r = 0; r < rows; r++) {
-                float prob = probs[r * KEYS + j];
-                for (int i = 0; i < KV; i++) acc[r][i] += prob * v[i];
+/* One tile of kk A rows (kk < TILE_A only in the last tile) by `vecs` row vectors, both as constants. */
+INLINE void tile_of(const float *const *rows, int k0, const float *b, int width, int depth, float *c, int accumulate,
+                    int kk, int vecs, int by_key) {
+#define TILE_ROWS_OF(K)                                                                                             \
+    case K:                                                                                                      \
+        if (vecs == 1) tile(rows, k0, b, width, depth, c, accumulate, K, 1, by_key);                              \
+        else tile(rows, k0, b, width, depth, c, accumulate, K, TILE_VECS, by_key);                                \
+        break;
+    switch (kk < TILE_A ? kk : TILE_A) {
+        TILE_ROWS_OF(1)
+        TILE_ROWS_OF(2)
+        TILE_ROWS_OF(3)
+        TILE_ROWS_OF(4)
+        TILE_ROWS_OF(5)
+    default:
+        if (vecs == 1) tile(rows, k0, b, width, depth, c, accumulate, TILE_A, 1, by_key);
+        else tile(rows, k0, b, width, depth, c, accumulate, TILE_A, TILE_VECS, by_key);
+    }
+#undef TILE_ROWS_OF
+}
+
+/* c [rows_a][width] (+)= A [rows_a][depth] . b [depth][width] (A as in tile()), in tiles of TILE_A rows of A by up
+ * to TILE_VECS row vectors (12 accumulators on AVX2), the last tile smaller when rows_a is not a multiple. */
+INLINE void product(const float *const *rows, int by_key, int rows_a, const float *b, int width, int depth, float *c,
+                    int accumulate) {
+    for (int r0 = 0; r0 < width; r0 += TILE_VECS * LANES) {
+        const int vecs = (width - r0) / LANES < TILE_VECS ? (width - r0) / LANES : TILE_VECS;
+        for (int k0 = 0; k0 < rows_a; k0 += TILE_A)
+            tile_of(rows, k0, b + r0, width, depth, c + (int64_t)k0 * width + r0, accumulate, rows_a - k0, vecs,
+                    by_key);
+    }
+}
+
+/* Row pointers of the piece's keys and values [start, start + count) for the task's kv head: into the cache for
+ * fp32, else into s->keys and s->values ([PIECE][head_dim]) after widening, a block at a time. */
+INLINE void gather(const Params *p, Task t, State *s, int start, int count, int bf16) {
+    const int d = p->head_dim, bs = p->block_size;
+    for (int j = 0; j < count;) {
+        const int key = start + j, n = bs - key % bs < count - j ? bs - key % bs : count - j;
+        const int64_t at = cache_index(p, t.req, key, t.kv_head), stride = (int64_t)p->num_kv_heads * d;
+        for (int u = 0; u < n; u++, j++) {
+            if (!bf16) {
+                s->key_rows[j] = (const float *)p->key_cache + at + u * stride;
+                s->value_rows[j] = (const float *)p->value_cache + at + u * stride;
+                continue;
             }
+            for (int c = 0; c < d; c += LANES) {
+                store_vec(s->keys, j * d + c, load_vec(p->key_cache, at + u * stride + c, 1), 0);
+                store_vec(s->values, j * d + c, load_vec(p->value_cache, at + u * stride + c, 1), 0);
+            }
+            s->key_rows[j] = s->keys + j * d;
+            s->value_rows[j] = s->values + j * d;
         }
-        for (int r = 0; r < rows; r++)
-            for (int i = 0; i < KV; i++) store_vec(s->acc[first + r], c + i * LANES, acc[r][i], 0);
     }
 }
 
-/* One tile of rows against the piece starting at key `start` (`valid` keys, `value_at` their value offsets). */
-INLINE void tile(const Params *p, State *s, int first, int rows, int start, int valid, const int64_t *value_at,
-                 int bf16) {
-    vf sc[TILE_ROWS][KV];
-    float probs[TILE_ROWS * KEYS], rescale[TILE_ROWS];
-    scores(s, first, rows, p->head_dim, sc);
-    int32_t positions[KEYS];
-    for (int j = 0; j < KEYS; j++) positions[j] = start + j;
-    vi key_pos[KV];
-    memcpy(key_pos, positions, sizeof key_pos);
-    for (int r = 0; r < rows; r++) {
-        int pos = s->pos[first + r];
-        vi hidden[KV];
-        vf x[KV];
-        float piece_max = -INFINITY;
-        for (int i = 0; i < KV; i++) {
-            hidden[i] = (key_pos[i] > pos) | (key_pos[i] >= start + valid);
-            if (p->window > 0) hidden[i] |= key_pos[i] <= pos - p->window;
-            x[i] = (vf)(((vi)sc[r][i] & ~hidden[i]) | ((vi)((vf){0} - INFINITY) & hidden[i]));
-            for (int j = 0; j < LANES; j++) piece_max = x[i][j] > piece_max ? x[i][j] : piece_max;
+/* Online softmax over the piece's scores st [PIECE][width] (keys [start, start + count)): mask where needed, new
+ * max per row, rescale of sum and ot, numerators in place. */
+INLINE void softmax_piece(const Params *p, State *s, int width, int start, int count, int masked) {
+    const int d = p->head_dim;
+    for (int r = 0; r < width; r += LANES) {
+        const vf pos = load_vec(s->pos, r, 0), minus_inf = (vf){0} - INFINITY;
+        vf top = load_vec(s->max, r, 0);
+        for (int j = 0; j < count; j++) {
+            vf x = load_vec(s->st, (int64_t)j * width + r, 0);
+            if (masked) {
+                const float key = (float)(start + j);
+                vi hidden = (vi)(key > pos);
+                if (p->window > 0) hidden |= (vi)(key <= pos - (float)p->window);
+                x = (vf)(((vi)x & ~hidden) | ((vi)minus_inf & hidden));
+                store_vec(s->st, (int64_t)j * width + r, x, 0);
+            }
+            top = (vf)(((vi)x & (vi)(x > top)) | ((vi)top & ~(vi)(x > top)));
         }
-        float old = s->max[first + r], max = piece_max > old ? piece_max : old;
-        if (max == -INFINITY) { /* nothing visible yet: leave the row as it is */
-            rescale[r] = 1.0f;
-            for (int j = 0; j < KEYS; j++) probs[r * KEYS + j] = 0.0f;
-            continue;
-        }
-        rescale[r] = old == -INFINITY ? 0.0f : expf(old - max);
-        s->max[first + r] = max;
+        /* rows that saw no key yet keep max -inf: use 0 as the reference so that nothing becomes NaN */
+        const vi none = (vi)(top == minus_inf);
+        const vf ref = (vf)((vi)top & ~none), old = load_vec(s->max, r, 0);
+        const vf rescale = (vf)((vi)exp_nonpositive(old - ref) & ~(vi)(old == minus_inf));
         vf total = (vf){0};
-        for (int i = 0; i < KV; i++) {
-            vf e = (vf)((vi)exp_nonpositive(x[i] - max) & ~hidden[i]);
+        for (int j = 0; j < count; j++) {
+            vf x = load_vec(s->st, (int64_t)j * width + r, 0);
+            vf e = (vf)((vi)exp_nonpositive(x - ref) & ~(vi)(x == minus_inf));
+            store_vec(s->st, (int64_t)j * width + r, e, 0);
             total += e;
-            memcpy(probs + r * KEYS + i * LANES, &e, sizeof e);
         }
-        s->sum[first + r] = s->sum[first + r] * rescale[r] + hsum(total);
+        store_vec(s->max, r, top, 0);
+        store_vec(s->sum, r, load_vec(s->sum, r, 0) * rescale + total, 0);
+        for (int c = 0; c < d; c++) store_vec(s->ot, (int64_t)c * width + r, load_vec(s->ot, (int64_t)c * width + r, 0) * rescale, 0);
     }
-    accumulate(p, s, first, rows, probs, rescale, value_at, valid, bf16);
 }
 
 INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
     const int group = p->num_heads / p->num_kv_heads, d = p->head_dim;
     const int q_len = p->query_starts[t.req + 1] - p->query_starts[t.req], seq_len = p->seq_lens[t.req];
-    const int rows = t.row1 - t.row0;
-    for (int r = 0; r < rows; r++) {
-        int64_t at = row_offset(p, t, r, group);
-        for (int c = 0; c < d; c++) s->q[r][c] = load_scalar(p->query, at + c, bf16) * p->scale;
-        memset(s->acc[r], 0, sizeof(float) * d);
+    const int rows = t.row1 - t.row0, width = (rows + LANES - 1) / LANES * LANES;
+    for (int r = 0; r < width; r++) {
+        const int real = r < rows ? r : rows - 1; /* padding rows repeat the last one and are never stored */
+        const int64_t at = row_offset(p, t, real, group);
+        for (int c = 0; c < d; c++) s->qt[c * width + r] = load_scalar(p->query, at + c, bf16) * p->scale;
+        for (int c = 0; c < d; c++) s->ot[c * width + r] = 0.0f;
         s->max[r] = -INFINITY;
         s->sum[r] = 0.0f;
-        s->pos[r] = seq_len - q_len + (t.row0 + r) / group;
+        s->pos[r] = (float)(seq_len - q_len + (t.row0 + real) / group);
     }
-    int first_key = p->window > 0 ? s->pos[0] - p->window + 1 : 0;
-    first_key = first_key > 0 ? first_key - first_key % KEYS : 0;
-    const int last_key = s->pos[rows - 1]; /* rows ascend by position */
-    int64_t value_at[KEYS];
-    for (int start = first_key; start <= last_key; start += KEYS) {
-        int valid = seq_len - start < KEYS ? seq_len - start : KEYS;
-        for (int j = 0; j < valid; j++) {
-            int64_t at = cache_index(p, t.req, start + j, t.kv_head);
-            value_at[j] = at;
-            for (int c = 0; c < d; c++) s->kt[c][j] = load_scalar(p->key_cache, at + c, bf16);
-        }
-        for (int j = valid; j < KEYS; j++)
-            for (int c = 0; c < d; c++) s->kt[c][j] = 0.0f;
-        int r = 0;
-        while (r < rows && s->pos[r] < start) r++; /* rows before the piece see none of it */
-        r -= r % TILE_ROWS; /* keep the tiles aligned (a hidden row is masked anyway) */
-        for (; r < rows; r += TILE_ROWS) {
-            switch (rows - r < TILE_ROWS ? rows - r : TILE_ROWS) { /* constant counts keep tiles in registers */
-            case 1: tile(p, s, r, 1, start, valid, value_at, bf16); break;
-            case 2: tile(p, s, r, 2, start, valid, value_at, bf16); break;
-            case 3: tile(p, s, r, 3, start, valid, value_at, bf16); break;
-            case 4: tile(p, s, r, 4, start, valid, value_at, bf16); break;
-            case 5: tile(p, s, r, 5, start, valid, value_at, bf16); break;
-            default: tile(p, s, r, TILE_ROWS, start, valid, value_at, bf16); break;
-            }
-        }
+    const int first_pos = seq_len - q_len + t.row0 / group, last_pos = seq_len - q_len + (t.row1 - 1) / group;
+    int first_key = p->window > 0 ? first_pos - p->window + 1 : 0;
+    first_key = first_key > 0 ? first_key : 0;
+    for (int start = first_key; start <= last_pos; start += PIECE) {
+        const int count = last_pos + 1 - start < PIECE ? last_pos + 1 - start : PIECE;
+        const int masked = start + count - 1 > first_pos || (p->window > 0 && start <= last_pos - p->window);
+        gather(p, t, s, start, count, bf16);
+        product(s->key_rows, 1, count, s->qt, width, d, s->st, 0); /* st = keys . qt */
+        softmax_piece(p, s, width, start, count, masked);
+        product(s->value_rows, 0, d, s->st, width, count, s->ot, 1); /* ot += values^T . st */
     }
     for (int r = 0; r < rows; r++) {
-        int64_t at = row_offset(p, t, r, group);
-        float inverse = 1.0f / s->sum[r];
-        for (int c = 0; c < d; c += LANES) store_vec(p->out, at + c, load_vec(s->acc[r], c, 0) * inverse, bf16);
+        const int64_t at = row_offset(p, t, r, group);
+        const float inverse = 1.0f / s->sum[r];
+        for (int c = 0; c < d; c++) store_scalar(p->out, at + c, s->ot[c * width + r] * inverse, bf16);
     }
 }
 
 INLINE int run(Params *p, int num_requests, int num_threads, int bf16) {
-    if (p->head_dim % LANES || p->head_dim > MAX_HEAD_DIM || p->block_size % KEYS || p->num_kv_heads < 1 ||
+    if (p->head_dim % 16 || p->head_dim > MAX_HEAD_DIM || p->block_size % 16 || p->num_kv_heads < 1 ||
         p->num_heads % p->num_kv_heads)
         return 1;
     const int group = p->num_heads / p->num_kv_heads;
@@ -190,11 +220,11 @@ INLINE int run(Params *p, int num_requests, int num_threads, int bf16) {
     Task *tasks = malloc(sizeof(Task) * (size_t)(num_tasks ? num_tasks : 1));
     if (!tasks) return 2;
     int n = 0;
-    for (int i = 0; i < num_requests; i++) {
-        int rows = (p->query_starts[i + 1] - p->query_starts[i]) * group;
+    for (int i = 0; i < num_requests; i++) { /* rows split evenly: 198 rows are three tasks of 66 */
+        int rows = (p->query_starts[i + 1] - p->query_starts[i]) * group, parts = (rows + TASK_ROWS - 1) / TASK_ROWS;
         for (int h = 0; h < p->num_kv_heads; h++)
-            for (int r = 0; r < rows; r += TASK_ROWS)
-                tasks[n++] = (Task){i, h, r, r + TASK_ROWS < rows ? r + TASK_ROWS : rows};
+            for (int k = 0; k < parts; k++)
+                tasks[n++] = (Task){i, h, (int)((int64_t)rows * k / parts), (int)((int64_t)rows * (k + 1) / parts)};
     }
     int failed = 0;
 #pragma omp parallel num_threads(num_threads)

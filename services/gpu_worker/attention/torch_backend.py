@@ -5,9 +5,9 @@ each request's own blocks up to its own length), else `paged_decode` compiled by
 Prefill chunks run all together in the C prefill kernel when enabled and built (it reads the paged context in
 place, with an online softmax: no gathered copy, no mask); else each chunk runs as its own
 scaled_dot_product_attention over its gathered context (a step holds few chunks, and padding a long chunk
-against many decodes would cost more). Measured in-process on the CI machine (fp32, AVX2): 16 chunks of 66 tokens
-over 1,300 cached ones took 0.69 s of attention per 512-token step in the C kernel against 0.81 s through SDPA,
-fresh prompts of 60-540 tokens 0.11 s against 0.19 s. Tensors every layer needs the same
+against many decodes would cost more). Measured on the CI machine (fp32, AVX2): 8 chunks of 66 tokens over
+1,300 cached ones (a 512-token step of the shared-prefix benchmark) take 15 ms of attention a layer in the C kernel
+(kernels/cpu/paged_prefill.c) against about 27 ms through SDPA. Tensors every layer needs the same
 (masks, index casts) are built once per step and kept in `meta.scratch`.
 """
 
