@@ -23,6 +23,9 @@ import torch
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 ELEMENT_TYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # the kernels' entry-point suffixes
+# the attention kernels': (query / output dtype, KV cache dtype) -> suffix (an fp16 cache halves the bytes read)
+ATTENTION_TYPES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch.bfloat16): "bf16",
+                   (torch.float32, torch.float16): "f32_kvf16"}
 HERE = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
 

@@ -6,7 +6,7 @@
  * context is read once) and walks the context in pieces of PIECE keys, oldest first, with an online softmax. The
  * task's rows are innermost everywhere, so that each step is a register-tiled product with vectors over rows:
  *   - the rows' scaled queries transposed once: qt [head_dim][rows];
- *   - scores st [PIECE][rows] = keys . qt, read straight from the cache's key rows (bf16 pieces widened first),
+ *   - scores st [PIECE][rows] = keys . qt, read straight from the cache's fp32 key rows (16-bit pieces widened),
  *     6 keys x 16 rows of accumulators (12 AVX2 registers) per tile;
  *   - the mask (only in pieces that reach the rows' own positions), running max, rescale, sum and numerators, all
  *     as vectors over rows;
@@ -21,7 +21,8 @@
  * Layouts (contiguous): query/out [T, H, D] (all the step's tokens; chunks at query_starts), caches
  * [num_blocks, block_size, Hkv, D], block_tables [num_requests][table_stride] int32, query_starts
  * [num_requests + 1] int32, seq_lens [num_requests] int32. block_size and D multiples of 16, D <= MAX_HEAD_DIM.
- * Entry points: paged_prefill_{bf16,f32}. Returns 0, 1 on unsupported sizes, 2 when out of memory.
+ * Entry points: paged_prefill_{bf16,f32} (element type of query, output and cache) and paged_prefill_f32_kvf16
+ * (fp32 query and output over an fp16 cache). Returns 0, 1 on unsupported sizes, 2 when out of memory.
  */
 #include <stdlib.h>
 
@@ -47,7 +48,7 @@ typedef struct {
 
 typedef struct { /* one task's state: rows innermost, `width` = rows rounded up to LANES */
     float qt[MAX_HEAD_DIM * TASK_ROWS], ot[MAX_HEAD_DIM * TASK_ROWS], st[PIECE * TASK_ROWS];
-    float keys[PIECE * MAX_HEAD_DIM], values[PIECE * MAX_HEAD_DIM]; /* bf16 pieces widened */
+    float keys[PIECE * MAX_HEAD_DIM], values[PIECE * MAX_HEAD_DIM]; /* 16-bit pieces widened */
     const float *key_rows[PIECE], *value_rows[PIECE]; /* the piece's rows: in the cache (fp32) or in keys/values */
     float max[TASK_ROWS], sum[TASK_ROWS], pos[TASK_ROWS]; /* pos: the row's position, as a float for vector compares */
 } State;
@@ -119,21 +120,22 @@ INLINE void product(const float *const *rows, int by_key, int rows_a, const floa
 }
 
 /* Row pointers of the piece's keys and values [start, start + count) for the task's kv head: into the cache for
- * fp32, else into s->keys and s->values ([PIECE][head_dim]) after widening, a block at a time. */
-INLINE void gather(const Params *p, Task t, State *s, int start, int count, int bf16) {
+ * fp32, else into s->keys and s->values ([PIECE][head_dim]) after widening (`kv`: the cache type), a block at a
+ * time. */
+INLINE void gather(const Params *p, Task t, State *s, int start, int count, int kv) {
     const int d = p->head_dim, bs = p->block_size;
     for (int j = 0; j < count;) {
         const int key = start + j, n = bs - key % bs < count - j ? bs - key % bs : count - j;
         const int64_t at = cache_index(p, t.req, key, t.kv_head), stride = (int64_t)p->num_kv_heads * d;
         for (int u = 0; u < n; u++, j++) {
-            if (!bf16) {
+            if (!kv) {
                 s->key_rows[j] = (const float *)p->key_cache + at + u * stride;
                 s->value_rows[j] = (const float *)p->value_cache + at + u * stride;
                 continue;
             }
             for (int c = 0; c < d; c += LANES) {
-                store_vec(s->keys, j * d + c, load_vec(p->key_cache, at + u * stride + c, 1), 0);
-                store_vec(s->values, j * d + c, load_vec(p->value_cache, at + u * stride + c, 1), 0);
+                store_vec(s->keys, j * d + c, load_vec(p->key_cache, at + u * stride + c, kv), 0);
+                store_vec(s->values, j * d + c, load_vec(p->value_cache, at + u * stride + c, kv), 0);
             }
             s->key_rows[j] = s->keys + j * d;
             s->value_rows[j] = s->values + j * d;
@@ -176,7 +178,7 @@ INLINE void softmax_piece(const Params *p, State *s, int width, int start, int c
     }
 }
 
-INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
+INLINE void run_task(const Params *p, Task t, State *s, int bf16, int kv) {
     const int group = p->num_heads / p->num_kv_heads, d = p->head_dim;
     const int q_len = p->query_starts[t.req + 1] - p->query_starts[t.req], seq_len = p->seq_lens[t.req];
     const int rows = t.row1 - t.row0, width = (rows + LANES - 1) / LANES * LANES;
@@ -195,7 +197,7 @@ INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
     for (int start = first_key; start <= last_pos; start += PIECE) {
         const int count = last_pos + 1 - start < PIECE ? last_pos + 1 - start : PIECE;
         const int masked = start + count - 1 > first_pos || (p->window > 0 && start <= last_pos - p->window);
-        gather(p, t, s, start, count, bf16);
+        gather(p, t, s, start, count, kv);
         product(s->key_rows, 1, count, s->qt, width, d, s->st, 0); /* st = keys . qt */
         softmax_piece(p, s, width, start, count, masked);
         product(s->value_rows, 0, d, s->st, width, count, s->ot, 1); /* ot += values^T . st */
@@ -207,7 +209,7 @@ INLINE void run_task(const Params *p, Task t, State *s, int bf16) {
     }
 }
 
-INLINE int run(Params *p, int num_requests, int num_threads, int bf16) {
+INLINE int run(Params *p, int num_requests, int num_threads, int bf16, int kv) {
     if (p->head_dim % 16 || p->head_dim > MAX_HEAD_DIM || p->block_size % 16 || p->num_kv_heads < 1 ||
         p->num_heads % p->num_kv_heads)
         return 1;
@@ -236,22 +238,23 @@ INLINE int run(Params *p, int num_requests, int num_threads, int bf16) {
         }
 #pragma omp for schedule(dynamic, 1)
         for (int k = 0; k < num_tasks; k++)
-            if (s) run_task(p, tasks[k], s, bf16);
+            if (s) run_task(p, tasks[k], s, bf16, kv);
         free(s);
     }
     free(tasks);
     return failed;
 }
 
-#define ENTRY(NAME, BF16)                                                                                      \
+#define ENTRY(NAME, BF16, KV)                                                                                  \
     int NAME(const void *query, const void *key_cache, const void *value_cache, const int32_t *block_tables,  \
              int table_stride, const int32_t *query_starts, const int32_t *seq_lens, void *out,              \
              int num_requests, int num_heads, int num_kv_heads, int head_dim, int block_size, float scale,   \
              int window, int num_threads) {                                                                  \
         Params p = {query, key_cache, value_cache, block_tables, query_starts, seq_lens, out, table_stride,   \
                     num_heads, num_kv_heads, head_dim, block_size, window, scale};                           \
-        return run(&p, num_requests, num_threads, BF16);                                                         \
+        return run(&p, num_requests, num_threads, BF16, KV);                                                     \
     }
 
-ENTRY(paged_prefill_bf16, 1)
-ENTRY(paged_prefill_f32, 0)
+ENTRY(paged_prefill_bf16, 1, 1)
+ENTRY(paged_prefill_f32, 0, 0)
+ENTRY(paged_prefill_f32_kvf16, 0, F16)

@@ -1,7 +1,7 @@
 /* 16-float vectors where the build machine has AVX-512, else 8 (GCC vector extensions; a 16-float vector on an
  * AVX2 machine is split through memory and ran ~4x slower in paged_prefill.c), and the
- * loads, stores and math the CPU kernels share. Element type: bf16 (`bf16` = 1) or fp32, always a constant at the
- * call sites so that each kernel is compiled once per type. */
+ * loads, stores and math the CPU kernels share. Element type, always a constant at the call sites so that each
+ * kernel is compiled once per type: fp32 (0), bf16 (`bf16` = 1) or, for loads only (KV caches), fp16 (F16, 2). */
 #ifndef PAGEDSERVE_VEC_H
 #define PAGEDSERVE_VEC_H
 
@@ -21,7 +21,41 @@ typedef uint32_t vu __attribute__((vector_size(LANES * 4)));
 typedef int32_t vi __attribute__((vector_size(LANES * 4)));
 typedef uint16_t vh __attribute__((vector_size(LANES * 2)));
 
+#define F16 2 /* the element-type code of IEEE half precision */
+#define ELEMENT_BYTES(type) ((type) ? 2 : 4)
+
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
+
+/* LANES halves from `h` -> floats (F16C where the build machine has it, else bit by bit, subnormals included). */
+INLINE vf widen_half(const uint16_t *h) {
+#if defined(__F16C__) && LANES == 8
+    __m128i bits;
+    memcpy(&bits, h, sizeof bits);
+    return (vf)_mm256_cvtph_ps(bits);
+#elif defined(__F16C__) && LANES == 16
+    __m256i bits;
+    memcpy(&bits, h, sizeof bits);
+    return (vf)_mm512_cvtph_ps(bits);
+#else
+    vf out;
+    for (int i = 0; i < LANES; i++) {
+        uint32_t sign = (uint32_t)(h[i] & 0x8000) << 16, exponent = (h[i] >> 10) & 31, mantissa = h[i] & 1023;
+        float magnitude = exponent == 0 ? ldexpf((float)mantissa, -24)
+                          : exponent == 31 ? (mantissa ? NAN : INFINITY)
+                                           : ldexpf((float)(mantissa | 1024), (int)exponent - 25);
+        uint32_t bits;
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+        memcpy(&out[i], &bits, sizeof bits);
+    }
+    return out;
+#endif
+}
+
 INLINE vf load_vec(const void *base, int64_t index, int bf16) {
+    if (bf16 == F16) return widen_half((const uint16_t *)base + index);
     if (bf16) {
         vh h;
         memcpy(&h, (const uint16_t *)base + index, sizeof h);
@@ -76,6 +110,10 @@ INLINE vf exp_nonpositive(vf x) {
 
 INLINE float load_scalar(const void *base, int64_t index, int bf16) {
     if (!bf16) return ((const float *)base)[index];
+    if (bf16 == F16) {
+        uint16_t lanes[LANES] = {((const uint16_t *)base)[index]};
+        return widen_half(lanes)[0];
+    }
     uint32_t bits = (uint32_t)((const uint16_t *)base)[index] << 16;
     float f;
     memcpy(&f, &bits, sizeof f);

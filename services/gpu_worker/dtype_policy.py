@@ -1,4 +1,4 @@
-"""Which dtype to serve in when the user says `auto`.
+"""Which dtype to serve in, and to keep the KV cache in, when the user says `auto`.
 
 Like vLLM's `auto`, a half-precision checkpoint keeps its dtype and an fp32 checkpoint is served in 16 bits where
 the device computes them fast: bfloat16 on CUDA devices that support it and on CPUs with AVX512-BF16 or AMX
@@ -36,3 +36,20 @@ def auto_dtype(checkpoint: torch.dtype, device: torch.device) -> torch.dtype:
     if checkpoint == torch.bfloat16 or (checkpoint == torch.float16 and device.type == "cuda"):
         return checkpoint
     return torch.bfloat16 if device_has_fast_bf16(device) else torch.float32
+
+
+KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def kv_cache_dtype(name: str, model: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's dtype for `--kv-cache-dtype`: `auto` is the model's, except float16 for an fp32 model on CPU
+    (half the bytes a decode step reads and twice the tokens per GiB; scores and sums stay fp32). Any other choice
+    than the model's is CPU-only (the Triton kernels read the model's dtype)."""
+    if name == "auto":
+        return torch.float16 if model == torch.float32 and device.type == "cpu" else model
+    if name not in KV_CACHE_DTYPES:
+        raise ValueError(f"unknown KV cache dtype {name!r}; expected auto or one of {', '.join(KV_CACHE_DTYPES)}")
+    chosen = KV_CACHE_DTYPES[name]
+    if chosen != model and device.type != "cpu":
+        raise ValueError(f"a {name} KV cache under a {model} model is only supported on CPU")
+    return chosen

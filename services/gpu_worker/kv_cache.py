@@ -9,14 +9,16 @@ import torch
 from services.gpu_worker.model_config import ModelConfig
 
 
-def kv_bytes_per_token(config: ModelConfig) -> int:
-    """The seed's formula: 2 (keys and values) x layers x KV heads x head dim x bytes per element."""
-    element_bytes = torch.empty((), dtype=config.dtype).element_size()
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | None = None) -> int:
+    """The seed's formula: 2 (keys and values) x layers x KV heads x head dim x bytes per element (of `dtype`, the
+    cache's, by default the model's)."""
+    element_bytes = torch.empty((), dtype=dtype or config.dtype).element_size()
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
 
 
-def num_blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int) -> int:
-    return budget_bytes // (kv_bytes_per_token(config) * block_size)
+def num_blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: int,
+                          dtype: torch.dtype | None = None) -> int:
+    return budget_bytes // (kv_bytes_per_token(config, dtype) * block_size)
 
 
 def gpu_kv_budget_bytes(device: torch.device, memory_fraction: float) -> int:
@@ -33,17 +35,24 @@ class KVCache:
     block_size: int
 
     @classmethod
-    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device) -> KVCache:
+    def allocate(cls, config: ModelConfig, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype | None = None) -> KVCache:
+        """Zeroed caches in `dtype`, by default the model's."""
         if num_blocks < 1:
             raise ValueError("the KV cache budget is too small for a single block; raise --kv-cache-memory")
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
-        keys = [torch.zeros(shape, dtype=config.dtype, device=device) for _ in range(config.num_layers)]
-        values = [torch.zeros(shape, dtype=config.dtype, device=device) for _ in range(config.num_layers)]
+        dtype = dtype or config.dtype
+        keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
         return cls(keys, values, num_blocks, block_size)
 
     @property
     def layers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return list(zip(self.key_caches, self.value_caches, strict=True))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.key_caches[0].dtype
 
     @property
     def num_bytes(self) -> int:

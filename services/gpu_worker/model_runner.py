@@ -10,7 +10,7 @@ import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.selection import select_backend
-from services.gpu_worker.dtype_policy import auto_dtype
+from services.gpu_worker.dtype_policy import auto_dtype, kv_cache_dtype
 from services.gpu_worker.generation_defaults import eos_token_ids
 from services.gpu_worker.input_batch import ModelInput, build_model_input
 from services.gpu_worker.kv_cache import KVCache, gpu_kv_budget_bytes, num_blocks_for_budget
@@ -51,9 +51,10 @@ class ModelRunner:
         self.eos_token_ids = eos_token_ids(config.model_dir)
         budget = (gpu_kv_budget_bytes(self.device, config.gpu_memory_utilization) if self.device.type == "cuda"
                   else config.kv_cache_memory_bytes)
-        self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size),
-                                         config.block_size, self.device)
-        self.backend.warm_up(*self.kv_cache.layers[0])
+        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, mc.dtype, self.device)
+        self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size, kv_dtype),
+                                         config.block_size, self.device, kv_dtype)
+        self.backend.warm_up(*self.kv_cache.layers[0], query_dtype=mc.dtype)
 
     def describe(self) -> WorkerDescription:
         return WorkerDescription(

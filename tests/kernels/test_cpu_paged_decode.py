@@ -40,6 +40,19 @@ def test_matches_reference(dtype: torch.dtype, head_dim: int, group: int, window
     assert_close_to_ref(out, _ref(batch, scale, window), dtype)
 
 
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp16_cache_under_fp32_queries(head_dim: int, group: int, window: int) -> None:
+    """An fp16 cache (half the bytes a step reads) with fp32 queries and outputs: fp32 sums over the fp16 values."""
+    batch = _batch(group, head_dim, torch.float32, 16, seed=group + head_dim)
+    batch.key_cache, batch.value_cache = batch.key_cache.half(), batch.value_cache.half()
+    scale = head_dim ** -0.5
+    out = native.NativePagedDecode()(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+                                     batch.seq_lens, scale, window)
+    assert_close_to_ref(out, _ref(batch, scale, window), torch.float32)
+
+
 @pytest.mark.parametrize("block_size", [2, 8, 32])
 def test_other_block_sizes(block_size: int) -> None:
     batch = _batch(3, 64, torch.bfloat16, block_size, seed=block_size)
@@ -59,8 +72,9 @@ def test_softmax_is_stable_for_large_scores() -> None:
 
 
 def test_unsupported_shapes_are_refused() -> None:
-    assert native.supports(torch.bfloat16, 9, 3, 64)
+    assert native.supports(torch.bfloat16, 9, 3, 64) and native.supports(torch.float32, 9, 3, 64, torch.float16)
     assert not native.supports(torch.float16, 9, 3, 64)
+    assert not native.supports(torch.bfloat16, 9, 3, 64, torch.float16)
     assert not native.supports(torch.float32, 9, 3, 80)
     assert not native.supports(torch.float32, 34, 2, 64)  # group of 17
     batch = _batch(1, 64, torch.float16, 16, seed=0)

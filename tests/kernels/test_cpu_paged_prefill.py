@@ -63,6 +63,20 @@ def test_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size,
     torch.testing.assert_close(out.double(), _reference(*step, 0.125, window), atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("window", [0, 20])
+def test_fp16_cache_under_fp32_queries(window: int) -> None:
+    """An fp16 cache with fp32 queries and outputs: pieces widened to fp32, the same numbers as fp32 caches holding
+    the fp16 values."""
+    query, key_cache, value_cache, *rest = _step(torch.float32, 9, 3, 64, 16, [37, 130, 200], [37, 17, 120], seed=4)
+    key_cache, value_cache = key_cache.half(), value_cache.half()
+    out = NativePagedPrefill()(query, key_cache, value_cache, *rest, 0.125, window)
+    assert out.dtype == torch.float32
+    widened = NativePagedPrefill()(query, key_cache.float(), value_cache.float(), *rest, 0.125, window)
+    torch.testing.assert_close(out, widened, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out.double(), _reference(query, key_cache, value_cache, *rest, 0.125, window),
+                               atol=TOLERANCE[torch.float32], rtol=0)
+
+
 def test_large_scores_stay_finite() -> None:
     """Scores in the hundreds: the running max keeps every exponent <= 0."""
     query, key_cache, value_cache, tables, starts, lens = _step(torch.float32, 4, 2, 64, 16, [90], [40], seed=3)
@@ -75,6 +89,8 @@ def test_large_scores_stay_finite() -> None:
 def test_refuses_what_it_cannot_do() -> None:
     assert supports(torch.float32, 9, 3, 64, 16) and supports(torch.bfloat16, 8, 8, 128, 32)
     assert not supports(torch.float16, 9, 3, 64, 16)
+    assert supports(torch.float32, 9, 3, 64, 16, torch.float16) and not supports(torch.bfloat16, 9, 3, 64, 16,
+                                                                                    torch.float16)
     assert not supports(torch.float32, 9, 3, 72, 16)  # head size not a multiple of 16
     assert not supports(torch.float32, 9, 3, 64, 8)  # blocks smaller than a 16-key piece
     assert not supports(torch.float32, 9, 3, 256, 16)

@@ -20,7 +20,8 @@ class AttentionShape:
 
 
 class AttentionBackend(ABC):
-    """One implementation per device family. Caches are shaped [num_blocks, block_size, num_kv_heads, head_dim]."""
+    """One implementation per device family. Caches are shaped [num_blocks, block_size, num_kv_heads, head_dim],
+    in the model's dtype or (CPU) a narrower one than the queries' (an fp16 cache under fp32 queries)."""
 
     name: str
 
@@ -37,8 +38,10 @@ class AttentionBackend(ABC):
                meta: AttentionMetadata) -> torch.Tensor:
         """Causal attention of query rows [T, num_heads, head_dim] over each request's paged context."""
 
-    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
-        """Compile or autotune ahead of the first step (default: nothing to do)."""
+    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype | None = None
+                ) -> None:
+        """Compile or autotune ahead of the first step (default: nothing to do); queries are `query_dtype`, by
+        default the caches' dtype."""
         return None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

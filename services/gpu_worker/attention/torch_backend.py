@@ -48,59 +48,62 @@ class TorchAttentionBackend(AttentionBackend):
     def decode_native(self) -> bool:
         return isinstance(self.decode_fn, NativePagedDecode)
 
-    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype | None = None
+                ) -> None:
         """Build the C decode kernel, or compile the decode graphs up front (batch and block counts of 1
         specialize); on failure fall back to the next option (C kernel -> compiled -> eager) with a warning."""
+        query_dtype = query_dtype or key_cache.dtype
         if self.native_decode:
-            self._use_native_prefill(key_cache, value_cache)
-        if self.native_decode and self._use_native(key_cache, value_cache):
+            self._use_native_prefill(key_cache, value_cache, query_dtype)
+        if self.native_decode and self._use_native(key_cache, value_cache, query_dtype):
             return
         if not self.decode_compiled:
             return
         try:
             with torch.inference_mode():  # as steps run: inference tensors and grad mode are part of the guards
                 for batch, num_blocks in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 3)):
-                    self._decode_dummy(self.decode_fn, key_cache, value_cache, batch, num_blocks)
+                    self._decode_dummy(self.decode_fn, key_cache, value_cache, batch, num_blocks, query_dtype)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform
             log.warning("torch.compile of decode attention failed (%s: %s); running it eagerly",
                         type(exc).__name__, exc)
             self.decode_fn = paged_decode
 
-    def _use_native(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    def _use_native(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype) -> bool:
         s = self.shape
-        if key_cache.device.type != "cpu" or not native_supports(key_cache.dtype, s.num_heads, s.num_kv_heads,
-                                                                 s.head_dim):
+        if key_cache.device.type != "cpu" or not native_supports(query_dtype, s.num_heads, s.num_kv_heads,
+                                                                 s.head_dim, key_cache.dtype):
             return False
         kernel = built_or_none("the C decode attention kernel",
-                               lambda: self._tried(NativePagedDecode(), key_cache, value_cache))
+                               lambda: self._tried(NativePagedDecode(), key_cache, value_cache, query_dtype))
         if kernel is not None:
             self.decode_fn = kernel
         return kernel is not None
 
-    def _use_native_prefill(self, key_cache: torch.Tensor, value_cache: torch.Tensor) -> None:
+    def _use_native_prefill(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype
+                            ) -> None:
         s = self.shape
-        if key_cache.device.type == "cpu" and native_prefill_supports(key_cache.dtype, s.num_heads, s.num_kv_heads,
-                                                                      s.head_dim, key_cache.shape[1]):
-            self.prefill_fn = built_or_none("the C prefill attention kernel",
-                                            lambda: self._tried_prefill(NativePagedPrefill(), key_cache, value_cache))
+        if key_cache.device.type == "cpu" and native_prefill_supports(query_dtype, s.num_heads, s.num_kv_heads,
+                                                                      s.head_dim, key_cache.shape[1], key_cache.dtype):
+            self.prefill_fn = built_or_none("the C prefill attention kernel", lambda: self._tried_prefill(
+                NativePagedPrefill(), key_cache, value_cache, query_dtype))
 
-    def _tried_prefill(self, kernel: NativePagedPrefill, key_cache: torch.Tensor, value_cache: torch.Tensor
-                       ) -> NativePagedPrefill:
-        query = torch.zeros(3, self.shape.num_heads, self.shape.head_dim, dtype=key_cache.dtype)
+    def _tried_prefill(self, kernel: NativePagedPrefill, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                       query_dtype: torch.dtype) -> NativePagedPrefill:
+        query = torch.zeros(3, self.shape.num_heads, self.shape.head_dim, dtype=query_dtype)
         starts, lens = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
         kernel(query, key_cache, value_cache, torch.zeros(1, 1, dtype=torch.int32), starts, lens, self.shape.scale,
                self.shape.sliding_window or 0)
         return kernel
 
-    def _tried(self, kernel: NativePagedDecode, key_cache: torch.Tensor, value_cache: torch.Tensor
-               ) -> NativePagedDecode:
-        self._decode_dummy(kernel, key_cache, value_cache, 2, 2)
+    def _tried(self, kernel: NativePagedDecode, key_cache: torch.Tensor, value_cache: torch.Tensor,
+               query_dtype: torch.dtype) -> NativePagedDecode:
+        self._decode_dummy(kernel, key_cache, value_cache, 2, 2, query_dtype)
         return kernel
 
     def _decode_dummy(self, decode_fn, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int,
-                      num_blocks: int) -> None:
+                      num_blocks: int, query_dtype: torch.dtype) -> None:
         device = key_cache.device
-        query = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=key_cache.dtype, device=device)
+        query = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=query_dtype, device=device)
         tables = torch.zeros(batch, num_blocks, dtype=torch.long, device=device)
         lens = torch.ones(batch, dtype=torch.long, device=device)
         decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
@@ -143,7 +146,7 @@ class TorchAttentionBackend(AttentionBackend):
                  meta: AttentionMetadata, i: int) -> torch.Tensor:
         """query [q_len, H, D] of request i, whose tokens are the last q_len of its seq_len positions."""
         seq_len, q_len = meta.seq_lens_cpu[i], query.shape[0]
-        keys, values = _gather_context(key_cache, value_cache, meta.block_tables[i: i + 1], seq_len)
+        keys, values = _gather_context(key_cache, value_cache, meta.block_tables[i: i + 1], seq_len, query.dtype)
         gqa = self.shape.num_heads != self.shape.num_kv_heads
         q = query.transpose(0, 1).unsqueeze(0)
         if seq_len == q_len and self.shape.sliding_window is None:  # nothing cached before the chunk: plain causal
@@ -197,6 +200,7 @@ def _store(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, valu
            slots: torch.Tensor, keep: torch.Tensor | None) -> None:
     if keep is not None:
         key, value = key[keep], value[keep]
+    key, value = key.to(key_cache.dtype), value.to(value_cache.dtype)  # an fp16 cache under fp32 queries
     num_kv_heads, head_dim = key_cache.shape[2], key_cache.shape[3]
     key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, key)
     value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, value)
@@ -257,12 +261,12 @@ def _additive(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _gather_context(key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,
-                    length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole blocks of each request's context -> keys, values [B, Hkv, length, D]."""
+                    length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole blocks of each request's context -> keys, values [B, Hkv, length, D] in `dtype` (the queries')."""
     block_size = key_cache.shape[1]
     num_blocks = -(-length // block_size)
     table = block_tables[:, :num_blocks].long()
     batch = table.shape[0]
     keys = key_cache[table].view(batch, num_blocks * block_size, *key_cache.shape[2:])[:, :length]
     values = value_cache[table].view(batch, num_blocks * block_size, *value_cache.shape[2:])[:, :length]
-    return keys.transpose(1, 2), values.transpose(1, 2)
+    return keys.transpose(1, 2).to(dtype), values.transpose(1, 2).to(dtype)

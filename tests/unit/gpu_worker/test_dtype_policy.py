@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from services.gpu_worker import dtype_policy
-from services.gpu_worker.dtype_policy import auto_dtype, cpu_has_fast_bf16
+from services.gpu_worker.dtype_policy import auto_dtype, cpu_has_fast_bf16, kv_cache_dtype
 
 CPU = torch.device("cpu")
 
@@ -33,3 +33,17 @@ def test_auto_rules_on_cpu(monkeypatch, fast: bool) -> None:
     assert auto_dtype(torch.float32, CPU) == half
     assert auto_dtype(torch.float16, CPU) == half  # fp16 matmuls are slow on CPUs
     assert auto_dtype(torch.bfloat16, CPU) == torch.bfloat16
+
+
+def test_kv_cache_dtype() -> None:
+    """auto: fp16 for an fp32 model on CPU, else the model's; an explicit narrower cache only on CPU."""
+    cuda = torch.device("cuda")
+    assert kv_cache_dtype("auto", torch.float32, CPU) == torch.float16
+    assert kv_cache_dtype("auto", torch.bfloat16, CPU) == torch.bfloat16
+    assert kv_cache_dtype("auto", torch.float32, cuda) == torch.float32
+    assert kv_cache_dtype("float32", torch.float32, CPU) == torch.float32
+    assert kv_cache_dtype("bfloat16", torch.bfloat16, cuda) == torch.bfloat16
+    with pytest.raises(ValueError, match="only supported on CPU"):
+        kv_cache_dtype("float16", torch.bfloat16, cuda)
+    with pytest.raises(ValueError, match="unknown KV cache dtype"):
+        kv_cache_dtype("fp8", torch.float32, CPU)

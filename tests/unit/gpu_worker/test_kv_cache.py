@@ -34,3 +34,13 @@ def test_budget_below_one_block_is_an_error():
     config = model_config_from_dict(SMOLLM2_LIKE)
     with pytest.raises(ValueError, match="kv-cache-memory"):
         KVCache.allocate(config, num_blocks_for_budget(config, 1000, 16), 16, torch.device("cpu"))
+
+
+def test_an_fp16_cache_holds_twice_the_tokens() -> None:
+    config = model_config_from_dict(SMOLLM2_LIKE, "float32")
+    assert kv_bytes_per_token(config, torch.float16) == kv_bytes_per_token(config) // 2
+    budget = 64 * 1024**2
+    blocks = num_blocks_for_budget(config, budget, 16, torch.float16)
+    assert blocks == 2 * num_blocks_for_budget(config, budget, 16)
+    cache = KVCache.allocate(config, blocks, 16, torch.device("cpu"), torch.float16)
+    assert cache.dtype == torch.float16 and cache.num_bytes <= budget

@@ -38,6 +38,29 @@ def test_mixed_step_matches_reference(dtype: torch.dtype, sliding_window: int | 
     assert_close_to_ref(out, ref, dtype)
 
 
+@pytest.mark.parametrize("kernels", ["eager", "native"])
+def test_fp16_cache_under_fp32_queries(kernels: str) -> None:
+    """The CPU default for fp32 models: new keys and values are stored in fp16, every path reads them back into
+    fp32 sums (C kernels, or the torch decode and SDPA)."""
+    seq_lens, query_lens = [1, 300, 40, 306, 200], [1, 1, 40, 6, 150]
+    batch = make_batch(seq_lens, query_lens, 6, 2, 64, 16, torch.float32, CPU, seed=7)
+    key_cache, value_cache = batch.key_cache.half(), batch.value_cache.half()
+    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), native_decode=kernels == "native")
+    backend.warm_up(key_cache, value_cache, query_dtype=torch.float32)
+    assert backend.decode_native is (kernels == "native") and (backend.prefill_fn is not None) is (kernels == "native")
+    slots = _new_token_slots(batch, 16)
+    meta = _metadata(batch, slots, 2)
+    keys, values = torch.randn(2, len(slots), 2, 64).unbind(0)
+    with torch.inference_mode():
+        out = backend.forward(batch.query, keys, values, key_cache, value_cache, meta)
+    assert out.dtype == torch.float32
+    stored = key_cache.view(-1, 2, 64)[torch.tensor(slots)]
+    assert stored.dtype == torch.float16 and torch.equal(stored, keys.half())
+    ref = paged_attention_ref(batch.query, key_cache, value_cache, batch.block_tables, seq_lens,
+                              batch.query_start_loc_cpu, 0.125)
+    assert_close_to_ref(out, ref, torch.float32)
+
+
 def test_prefill_kernel_falls_back_to_sdpa_when_it_cannot_build(monkeypatch, caplog) -> None:
     import logging
 
