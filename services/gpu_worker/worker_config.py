@@ -12,7 +12,7 @@ class WorkerConfig:
     dtype: str = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     block_size: int = 16
-    kv_cache_dtype: str = "auto"  # auto (float16 for an fp32 model on CPU, else the model's), float32, bfloat16, float16
+    kv_cache_dtype: str = "auto"  # auto (float16 for fp32 models on CPU, else the model's), float32, bfloat16, float16
     kv_cache_memory_bytes: int = 4 * 1024**3  # CPU budget for the KV pool (SmolLM2-135M with fp16 KV: 186k tokens)
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool
     attention_backend: str = "auto"  # auto, torch, triton

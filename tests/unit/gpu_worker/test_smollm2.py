@@ -106,7 +106,8 @@ def test_cpu_serving_default_stays_close_to_fp32(smollm2_dir, prompts, transform
         kl += (reference.exp() * (reference - quantized)).sum().item()
         agree += int((reference.argmax(-1) == quantized.argmax(-1)).sum())
         total += reference.shape[0]
-    print(f"serving default vs fp32: mean KL {kl / total:.5f}, top-1 agreement {agree / total:.4f} over {total} positions")
+    print(f"serving default vs fp32: mean KL {kl / total:.5f}, top-1 agreement {agree / total:.4f} over {total} "
+          "positions")
     assert kl / total < 0.002 and agree / total > 0.98
 
 
