@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from services.gpu_worker.model_config import parse_dtype
+
 _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
@@ -38,8 +40,6 @@ def auto_dtype(checkpoint: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device_has_fast_bf16(device) else torch.float32
 
 
-KV_CACHE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def kv_cache_dtype(name: str, model: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's dtype for `--kv-cache-dtype`: `auto` is the model's, except float16 for an fp32 model on CPU
@@ -47,9 +47,7 @@ def kv_cache_dtype(name: str, model: torch.dtype, device: torch.device) -> torch
     than the model's is CPU-only (the Triton kernels read the model's dtype)."""
     if name == "auto":
         return torch.float16 if model == torch.float32 and device.type == "cpu" else model
-    if name not in KV_CACHE_DTYPES:
-        raise ValueError(f"unknown KV cache dtype {name!r}; expected auto or one of {', '.join(KV_CACHE_DTYPES)}")
-    chosen = KV_CACHE_DTYPES[name]
+    chosen = parse_dtype(name, model)
     if chosen != model and device.type != "cpu":
         raise ValueError(f"a {name} KV cache under a {model} model is only supported on CPU")
     return chosen

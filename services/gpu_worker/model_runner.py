@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,8 @@ from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.step_protocol import StepOutput, WorkerDescription
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -55,6 +58,8 @@ class ModelRunner:
         self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size, kv_dtype),
                                          config.block_size, self.device, kv_dtype)
         self.backend.warm_up(*self.kv_cache.layers[0], query_dtype=mc.dtype)
+        log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
+                 config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
 
     def describe(self) -> WorkerDescription:
         return WorkerDescription(

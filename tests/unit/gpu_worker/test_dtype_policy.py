@@ -45,5 +45,5 @@ def test_kv_cache_dtype() -> None:
     assert kv_cache_dtype("bfloat16", torch.bfloat16, cuda) == torch.bfloat16
     with pytest.raises(ValueError, match="only supported on CPU"):
         kv_cache_dtype("float16", torch.bfloat16, cuda)
-    with pytest.raises(ValueError, match="unknown KV cache dtype"):
+    with pytest.raises(ValueError, match="unsupported dtype"):
         kv_cache_dtype("fp8", torch.float32, CPU)
