@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu.build import bind, load_kernel
+from kernels.cpu.packed_linear import checked_io
 from kernels.cpu.weight_grid import GROUP, WeightGrid
 
 PANEL = 16  # int8_linear.c: output columns per panel
@@ -68,14 +69,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
         """x [rows, in] fp32 through a packed 4-bit weight."""
-        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != weight.in_features:
-            raise ValueError(f"no C int8 linear for {tuple(x.shape)} {x.dtype} x a 4-bit "
-                             f"[{weight.out_features}, {weight.in_features}] weight")
-        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.out_features,)):
-            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {weight.out_features} fp32 outputs")
-        x = x.contiguous()
-        bias = None if bias is None else bias.contiguous()
-        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        x, bias, out = checked_io(x, bias, weight.in_features, weight.out_features, "int8 linear", "4-bit")
         if not x.shape[0]:
             return out
         bias_ptr = 0 if bias is None else bias.data_ptr()

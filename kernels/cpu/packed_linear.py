@@ -59,6 +59,18 @@ def _panels(matrix: torch.Tensor) -> torch.Tensor:
     return padded.view(panels, PANEL, n).transpose(1, 2).contiguous()
 
 
+def checked_io(x: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int, kernel: str,
+               weight_kind: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The C GEMMs' inputs made contiguous, and their output [rows, out]; ValueError when they do not fit."""
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != in_features:
+        raise ValueError(f"no C {kernel} for {tuple(x.shape)} {x.dtype} x a {weight_kind} "
+                         f"[{out_features}, {in_features}] weight")
+    if bias is not None and (bias.dtype != torch.float32 or bias.shape != (out_features,)):
+        raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {out_features} fp32 outputs")
+    out = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    return x.contiguous(), None if bias is None else bias.contiguous(), out
+
+
 class PackedLinear:
     def __init__(self) -> None:
         library = load_kernel("packed_linear")
@@ -67,15 +79,8 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         """x [rows, in] fp32 through a packed weight."""
-        if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or x.shape[1] != weight.in_features:
-            raise ValueError(f"no C packed linear for {tuple(x.shape)} {x.dtype} x a packed "
-                             f"[{weight.out_features}, {weight.in_features}] weight")
-        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (weight.out_features,)):
-            raise ValueError(f"bias {tuple(bias.shape)} {bias.dtype} does not fit {weight.out_features} fp32 outputs")
-        x = x.contiguous()
-        bias = None if bias is None else bias.contiguous()
+        x, bias, out = checked_io(x, bias, weight.in_features, weight.out_features, "packed linear", "packed")
         bias_ptr = 0 if bias is None else bias.data_ptr()
-        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
         if not x.shape[0]:
             return out
         sizes = (x.shape[0], weight.in_features, weight.out_features, torch.get_num_threads())
