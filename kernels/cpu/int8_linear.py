@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu.build import bind, load_kernel
-from kernels.cpu.packed_linear import checked_io
+from kernels.cpu.packed_linear import checked_io, padded_rows, to_panels
 from kernels.cpu.weight_grid import GROUP, WeightGrid
 
 PANEL = 16  # int8_linear.c: output columns per panel
@@ -45,18 +45,11 @@ def pack_grid(grid: WeightGrid) -> Int8Weight:
         raise ValueError(f"the int8 GEMM takes 4-bit grids, not {grid.bits}-bit ones")
     out_features, in_features = grid.codes.shape
     panels = -(-out_features // PANEL)
-    codes = _padded(grid.codes, panels).view(panels, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
+    codes = padded_rows(grid.codes).view(panels, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
     nibbles = (codes[..., 0] | (codes[..., 1] << 4)).reshape(panels, in_features // 4, 32)
-    scales, offsets = (_padded(t, panels).view(panels, PANEL, -1).transpose(1, 2).contiguous()
-                       for t in (grid.scales, grid.offsets))
-    columns = [_padded(t, panels).T.contiguous() for t in (grid.codes, grid.scales, grid.offsets)]
-    return Int8Weight(out_features, in_features, nibbles.contiguous(), scales, offsets, *columns)
-
-
-def _padded(matrix: torch.Tensor, panels: int) -> torch.Tensor:
-    padded = torch.zeros(panels * PANEL, matrix.shape[1], dtype=matrix.dtype)
-    padded[: matrix.shape[0]] = matrix
-    return padded
+    columns = [padded_rows(t).T.contiguous() for t in (grid.codes, grid.scales, grid.offsets)]
+    return Int8Weight(out_features, in_features, nibbles.contiguous(), to_panels(grid.scales),
+                      to_panels(grid.offsets), *columns)
 
 
 def supports(grid: WeightGrid | None) -> bool:

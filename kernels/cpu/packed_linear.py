@@ -43,20 +43,24 @@ def pack_weight(weight: torch.Tensor, find_codes: bool = True, grid: WeightGrid 
     `find_codes` and the weight is an exact grid (`grid`, when the caller has looked for it already)."""
     grid = grid if grid is not None else find_grid(weight) if find_codes else None
     if grid is None:
-        return PackedWeight(*weight.shape, _panels(weight))
-    codes = _panels(grid.codes)
+        return PackedWeight(*weight.shape, to_panels(weight))
+    codes = to_panels(grid.codes)
     if grid.bits == 4:
         codes = codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)
-    return PackedWeight(*weight.shape, codes.contiguous(), _panels(grid.scales), _panels(grid.offsets), grid.bits)
+    return PackedWeight(*weight.shape, codes.contiguous(), to_panels(grid.scales), to_panels(grid.offsets), grid.bits)
 
 
-def _panels(matrix: torch.Tensor) -> torch.Tensor:
+def padded_rows(matrix: torch.Tensor) -> torch.Tensor:
+    """[out, n] -> [16 * ceil(out / 16), n]: zero rows up to whole panels."""
+    padded = torch.zeros(-(-matrix.shape[0] // PANEL) * PANEL, matrix.shape[1], dtype=matrix.dtype)
+    padded[: matrix.shape[0]] = matrix
+    return padded
+
+
+def to_panels(matrix: torch.Tensor) -> torch.Tensor:
     """[out, n] -> [ceil(out / 16), n, 16], zero-padded past the last row."""
-    out_features, n = matrix.shape
-    panels = -(-out_features // PANEL)
-    padded = torch.zeros(panels * PANEL, n, dtype=matrix.dtype)
-    padded[:out_features] = matrix
-    return padded.view(panels, PANEL, n).transpose(1, 2).contiguous()
+    padded = padded_rows(matrix)
+    return padded.view(-1, PANEL, matrix.shape[1]).transpose(1, 2).contiguous()
 
 
 def checked_io(x: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int, kernel: str,

@@ -174,7 +174,10 @@ INLINE void softmax_piece(const Params *p, State *s, int width, int start, int c
         }
         store_vec(s->max, r, top, 0);
         store_vec(s->sum, r, load_vec(s->sum, r, 0) * rescale + total, 0);
-        for (int c = 0; c < d; c++) store_vec(s->ot, (int64_t)c * width + r, load_vec(s->ot, (int64_t)c * width + r, 0) * rescale, 0);
+        for (int c = 0; c < d; c++) {
+            const int64_t at = (int64_t)c * width + r;
+            store_vec(s->ot, at, load_vec(s->ot, at, 0) * rescale, 0);
+        }
     }
 }
 
