@@ -13,7 +13,13 @@ from services.gateway.logprobs_format import chat_logprobs
 from services.gateway.protocol import ChatCompletionRequest
 from services.gateway.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.serving import Serving
-from services.gateway.streaming import collect_until_disconnect, run_choices, sse_events, usage_of
+from services.gateway.streaming import (
+    collect_until_disconnect,
+    first_delta_or_error,
+    run_choices,
+    sse_events,
+    usage_of,
+)
 
 ENDPOINT = "chat"
 
@@ -48,7 +54,8 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        events = sse_events(run_choices(serving, jobs, ENDPOINT, req_id), head, to_chunk, usage_chunk)
+        deltas = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
+        events = sse_events(deltas, head, to_chunk, usage_chunk)
         return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id})
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},

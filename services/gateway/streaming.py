@@ -24,6 +24,7 @@ from services.gateway.serving import Serving
 from shared.tracing import get_tracer
 
 DISCONNECT_POLL_S = 0.25
+STREAM_BUFFER = 64  # deltas a stream may run ahead of its client
 
 
 class UsageTracker:
@@ -94,6 +95,66 @@ async def collect_until_disconnect(request: Request, serving: Serving, jobs: lis
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+_END = object()  # the pump's last item
+
+
+async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+    """Wait for the stream's first delta before any byte of the response is sent, so that a request the scheduler
+    refuses (say, more KV cache than the pool holds) gets its own status and a JSON error instead of an error event
+    inside a 200; a client that leaves meanwhile cancels the request. Returns the whole stream, first delta first.
+
+    The deltas run in a task of their own for the whole stream (the request's span is entered there)."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER)
+    pump = asyncio.create_task(_pump(deltas, queue))
+    try:
+        head = await _first_item(request, queue)
+    except BaseException:
+        await _stop(pump)
+        raise
+    if isinstance(head, BaseException):
+        await _stop(pump)
+        raise head
+    return _drain(head, queue, pump)
+
+
+async def _pump(deltas: AsyncIterator[ChoiceDelta], queue: asyncio.Queue) -> None:
+    try:
+        async with contextlib.aclosing(deltas) as stream:
+            async for delta in stream:
+                await queue.put(delta)
+    except Exception as exc:
+        await queue.put(exc)
+    else:
+        await queue.put(_END)
+
+
+async def _first_item(request: Request, queue: asyncio.Queue):
+    getter = asyncio.ensure_future(queue.get())  # one get for the whole wait: a timed-out get could drop an item
+    while not (await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S))[0]:
+        if await request.is_disconnected():
+            getter.cancel()
+            raise OpenAIError(499, "client disconnected")
+    return getter.result()
+
+
+async def _drain(item, queue: asyncio.Queue, pump: asyncio.Task) -> AsyncIterator[ChoiceDelta]:
+    try:
+        while item is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            item = await queue.get()
+    finally:
+        await _stop(pump)
+
+
+async def _stop(pump: asyncio.Task) -> None:
+    """Cancel the pump (closing its deltas, which aborts their requests) unless it is done; wait for it."""
+    pump.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pump
 
 
 def sse(data: dict) -> str:

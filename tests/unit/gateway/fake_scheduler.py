@@ -19,6 +19,7 @@ class FakeSchedulerClient:
     def __init__(self, tokenizer, reply: str = "The capital of France is Paris.", serving: bool = True) -> None:
         self.reply_ids = tokenizer.encode(reply, add_special_tokens=False) + [EOS]
         self.serving = serving
+        self.fail_after: tuple[int, Exception] | None = None  # (outputs sent, error): the scheduler fails mid-way
         self.address = "fake"
         self.requests: list[GenerateRequest] = []
         self.cancelled: list[str] = []  # req_ids whose stream was closed before it finished
@@ -31,6 +32,8 @@ class FakeSchedulerClient:
         finished = False
         try:
             for n, token_id in enumerate(self.reply_ids[:request.sampling.max_tokens], start=1):
+                if self.fail_after is not None and n > self.fail_after[0]:
+                    raise self.fail_after[1]
                 finished = token_id == EOS or n == request.sampling.max_tokens
                 reason = None if not finished else FinishReason.STOP if token_id == EOS else FinishReason.LENGTH
                 yield RequestOutput(request.req_id, [token_id], [self._logprobs(request, token_id)], reason,

@@ -6,6 +6,8 @@ import json
 import time
 from contextlib import contextmanager
 
+import grpc
+import grpc.aio
 import pytest
 from fastapi.testclient import TestClient
 
@@ -112,6 +114,34 @@ def test_bad_requests_get_openai_errors(tokenizer, body, status, param):
         error = response.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
         assert client.post("/v1/chat/completions", json=CHAT).status_code == 200  # still serving
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/chat/completions", CHAT),
+                                        ("/v1/completions", {"model": "tiny-model", "prompt": "Paris is"})])
+def test_a_stream_the_scheduler_refuses_gets_a_json_error_status(tokenizer, path, body):
+    """The refusal comes before any byte of the stream: its own 4xx with a JSON error, not an event in a 200."""
+    with gateway(tokenizer) as (client, fake):
+        fake.fail_after = (0, _rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "the whole pool holds 1024 tokens"))
+        response = client.post(path, json={**body, "stream": True})
+        assert response.status_code == 400
+        assert response.headers["content-type"].startswith("application/json")
+        assert response.json()["error"]["message"] == "the whole pool holds 1024 tokens"
+        fake.fail_after = None
+        assert client.post(path, json={**body, "stream": True}).status_code == 200  # still serving
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event(tokenizer):
+    """Once tokens have gone out the status is sent: the error is the stream's last event, then [DONE]."""
+    with gateway(tokenizer) as (client, fake):
+        fake.fail_after = (2, _rpc_error(grpc.StatusCode.UNAVAILABLE, "worker lost"))
+        response = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert response.status_code == 200
+    chunks = sse_chunks(response)
+    assert "choices" in chunks[1] and chunks[-1]["error"]["message"] == "the scheduler is unavailable: worker lost"
 
 
 def test_malformed_json_is_400(tokenizer):
