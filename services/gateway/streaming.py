@@ -83,18 +83,26 @@ async def collect_until_disconnect(request: Request, serving: Serving, jobs: lis
                                    req_id: str) -> list[ChoiceResult]:
     """Run a non-streaming request; if the client goes away meanwhile, cancel it (aborting every choice)."""
     task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id), jobs))
+    return await _unless_disconnected(request, task)
+
+
+async def _unless_disconnected(request: Request, future: asyncio.Future):
+    """The future's result, polling the client meanwhile: 499 when it leaves first (the future is cancelled then,
+    as when the caller is)."""
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
+        while not (await asyncio.wait({future}, timeout=DISCONNECT_POLL_S))[0]:
             if await request.is_disconnected():
                 raise OpenAIError(499, "client disconnected")
+        return future.result()
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await _cancel(future)
+
+
+async def _cancel(future: asyncio.Future) -> None:
+    """Cancel the future unless it is done, and wait until it is (its own error, if any, is not raised here)."""
+    future.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await future
 
 
 _END = object()  # the pump's last item
@@ -108,14 +116,13 @@ async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDel
     The deltas run in a task of their own for the whole stream (the request's span is entered there)."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER)
     pump = asyncio.create_task(_pump(deltas, queue))
-    try:
-        head = await _first_item(request, queue)
+    try:  # one get for the whole wait (a get timed out and retried could drop an item)
+        head = await _unless_disconnected(request, asyncio.ensure_future(queue.get()))
+        if isinstance(head, Exception):
+            raise head
     except BaseException:
-        await _stop(pump)
+        await _cancel(pump)  # closes the deltas, which aborts their requests
         raise
-    if isinstance(head, BaseException):
-        await _stop(pump)
-        raise head
     return _drain(head, queue, pump)
 
 
@@ -130,31 +137,15 @@ async def _pump(deltas: AsyncIterator[ChoiceDelta], queue: asyncio.Queue) -> Non
         await queue.put(_END)
 
 
-async def _first_item(request: Request, queue: asyncio.Queue):
-    getter = asyncio.ensure_future(queue.get())  # one get for the whole wait: a timed-out get could drop an item
-    while not (await asyncio.wait({getter}, timeout=DISCONNECT_POLL_S))[0]:
-        if await request.is_disconnected():
-            getter.cancel()
-            raise OpenAIError(499, "client disconnected")
-    return getter.result()
-
-
 async def _drain(item, queue: asyncio.Queue, pump: asyncio.Task) -> AsyncIterator[ChoiceDelta]:
     try:
         while item is not _END:
-            if isinstance(item, BaseException):
+            if isinstance(item, Exception):
                 raise item
             yield item
             item = await queue.get()
     finally:
-        await _stop(pump)
-
-
-async def _stop(pump: asyncio.Task) -> None:
-    """Cancel the pump (closing its deltas, which aborts their requests) unless it is done; wait for it."""
-    pump.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await pump
+        await _cancel(pump)
 
 
 def sse(data: dict) -> str:
