@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from services.gateway.errors import OpenAIError
@@ -54,9 +55,10 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        deltas = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
-        events = sse_events(deltas, head, to_chunk, usage_chunk)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id})
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
+        events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
+                                 background=BackgroundTask(stream.close))
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                 "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None,

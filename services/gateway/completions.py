@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from services.gateway.errors import OpenAIError
@@ -67,9 +68,10 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
                                       "finish_reason": None}], **extra} for job in jobs if body.echo]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        deltas = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
-        events = sse_events(deltas, head, to_chunk, usage_chunk)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id})
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
+        events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
+                                 background=BackgroundTask(stream.close))
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
                 "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None

@@ -7,6 +7,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from starlette.requests import Request
@@ -108,10 +109,22 @@ async def _cancel(future: asyncio.Future) -> None:
 _END = object()  # the pump's last item
 
 
-async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDelta]) -> AsyncIterator[ChoiceDelta]:
+@dataclass
+class StartedStream:
+    """A stream whose first delta has come. Iterate `deltas`; hand `close` to the response as its background task,
+    which Starlette runs even when the client left before the body was read (the pump would run on otherwise)."""
+
+    deltas: AsyncIterator[ChoiceDelta]
+    pump: asyncio.Task
+
+    async def close(self) -> None:
+        await _cancel(self.pump)
+
+
+async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDelta]) -> StartedStream:
     """Wait for the stream's first delta before any byte of the response is sent, so that a request the scheduler
     refuses (say, more KV cache than the pool holds) gets its own status and a JSON error instead of an error event
-    inside a 200; a client that leaves meanwhile cancels the request. Returns the whole stream, first delta first.
+    inside a 200; a client that leaves meanwhile cancels the request.
 
     The deltas run in a task of their own for the whole stream (the request's span is entered there)."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER)
@@ -123,7 +136,7 @@ async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDel
     except BaseException:
         await _cancel(pump)  # closes the deltas, which aborts their requests
         raise
-    return _drain(head, queue, pump)
+    return StartedStream(_drain(head, queue, pump), pump)
 
 
 async def _pump(deltas: AsyncIterator[ChoiceDelta], queue: asyncio.Queue) -> None:
