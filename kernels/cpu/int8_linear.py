@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from kernels.cpu.build import bind, load_kernel
+from kernels.cpu.packed_linear import PANEL as PANEL  # int8_linear.c pads to the same panels (padded_rows)
 from kernels.cpu.packed_linear import checked_io, padded_rows, to_panels
 from kernels.cpu.weight_grid import GROUP, WeightGrid
 
-PANEL = 16  # int8_linear.c: output columns per panel
 _ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 4
 
 
@@ -44,8 +44,8 @@ def pack_grid(grid: WeightGrid) -> Int8Weight:
     if grid.bits != 4:
         raise ValueError(f"the int8 GEMM takes 4-bit grids, not {grid.bits}-bit ones")
     out_features, in_features = grid.codes.shape
-    panels = -(-out_features // PANEL)
-    codes = padded_rows(grid.codes).view(panels, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
+    codes = padded_rows(grid.codes).view(-1, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
+    panels = codes.shape[0]
     nibbles = (codes[..., 0] | (codes[..., 1] << 4)).reshape(panels, in_features // 4, 32)
     columns = [padded_rows(t).T.contiguous() for t in (grid.codes, grid.scales, grid.offsets)]
     return Int8Weight(out_features, in_features, nibbles.contiguous(), to_panels(grid.scales),
