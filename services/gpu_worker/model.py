@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu.decode_layers import DecodeLayers
 from kernels.cpu.fused_ops import FusedOps, supports
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.attention.metadata import AttentionMetadata
@@ -104,12 +105,16 @@ class DecoderLM(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else _linear(
             config.hidden_size, config.vocab_size, False, config.dtype)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, max_positions, config.dtype)
+        self.decode_layers: DecodeLayers | None = None  # every layer in one C call (CPU; fused_decode.py)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
         self.proj.decode_step = meta.num_decodes == meta.num_requests
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
+        fused = self.decode_layers
+        if fused is not None and self.proj.decode_step and kv_caches[0][0].data_ptr() == fused.cache_ptr:
+            return self.norm(fused(hidden, *rope, meta.slot_mapping, meta.block_tables, meta.seq_lens))
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer.forward(hidden, rope, kv_cache, meta)  # see DecoderLayer.forward
         return self.norm(hidden)

@@ -12,6 +12,7 @@ import torch
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.selection import select_backend
 from services.gpu_worker.dtype_policy import auto_dtype, kv_cache_dtype
+from services.gpu_worker.fused_decode import build_decode_layers
 from services.gpu_worker.generation_defaults import eos_token_ids
 from services.gpu_worker.input_batch import ModelInput, build_model_input
 from services.gpu_worker.kv_cache import KVCache, gpu_kv_budget_bytes, num_blocks_for_budget
@@ -58,6 +59,8 @@ class ModelRunner:
         self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size, kv_dtype),
                                          config.block_size, self.device, kv_dtype)
         self.backend.warm_up(*self.kv_cache.layers[0], query_dtype=mc.dtype)
+        if config.native_kernels and self.device.type == "cpu":
+            self.model.decode_layers = build_decode_layers(self.model, self.kv_cache, self.backend)
         log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
                  config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
 

@@ -1,0 +1,145 @@
+"""All decoder layers of a decode-only step in one C call (decode_layers.c), over the other CPU kernels' entry points
+and the layers' packed weights, bound once."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels.cpu.build import bind, load_kernel
+from kernels.cpu.fused_ops import FusedOps
+from kernels.cpu.int8_linear import Int8Linear, Int8Weight
+from kernels.cpu.packed_linear import PackedLinear, PackedWeight
+from kernels.cpu.paged_decode import NativePagedDecode
+
+_ptr, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("kind", _int), ("in_features", _int), ("out_features", _int), ("bits", _int),
+                ("tensors", _ptr * 6), ("bias", _ptr)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("input_norm", _ptr), ("post_norm", _ptr), ("qkv", _Projection), ("o", _Projection),
+                ("gate_up", _Projection), ("down", _Projection), ("key_cache", _ptr), ("value_cache", _ptr)]
+
+
+_KERNELS = ("int8_linear", "packed_f32", "packed_coded", "rms_norm", "silu_mul", "rotary", "decode")
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [*((name, _ptr) for name in _KERNELS), ("layers", ctypes.POINTER(_Layer)),
+                *((name, _int) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                            "block_size", "window", "half_cache")),
+                ("eps", _float), ("scale", _float)]
+
+
+Weight = Int8Weight | PackedWeight
+
+
+@dataclass(frozen=True)
+class Projection:
+    weight: Weight
+    bias: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer as the C call takes it: fp32 norm weights, packed projections, its KV caches."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Projection
+    o: Projection
+    gate_up: Projection
+    down: Projection
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    scale: float
+    window: int  # 0: none
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The built kernels whose entry points the C call runs (int8: None when no layer takes int8 inputs)."""
+
+    int8: Int8Linear | None
+    packed: PackedLinear
+    fused: FusedOps
+    decode: NativePagedDecode
+
+
+def _address(entry) -> int:
+    return ctypes.cast(entry, ctypes.c_void_p).value or 0
+
+
+def _projection(p: Projection) -> _Projection:
+    w = p.weight
+    if isinstance(w, Int8Weight):
+        kind, bits, tensors = INT8_Q4, 4, w.tensors()
+    else:
+        kind, bits = (PACKED_F32, 32) if w.bits == 32 else (PACKED_CODED, w.bits)
+        tensors = tuple(t for t in (w.values, w.scales, w.offsets) if t is not None)
+    if p.bias is not None and (p.bias.dtype != torch.float32 or not p.bias.is_contiguous()):
+        raise ValueError("projection biases must be contiguous fp32")
+    pointers = (_ptr * 6)(*(t.data_ptr() for t in tensors))
+    return _Projection(kind, w.in_features, w.out_features, bits, pointers, 0 if p.bias is None else p.bias.data_ptr())
+
+
+class DecodeLayers:
+    """hidden [rows, hidden] fp32 (updated in place) through every layer of a decode-only step."""
+
+    def __init__(self, kernels: Kernels, shape: DecodeShape, layers: list[LayerWeights]) -> None:
+        cache = layers[0].key_cache
+        if cache.dtype not in (torch.float32, torch.float16) or not all(
+                t.is_contiguous() for layer in layers for t in (layer.key_cache, layer.value_cache)):
+            raise ValueError("the fused decode layers need contiguous fp32 or fp16 KV caches")
+        if any(isinstance(layer.qkv.weight, Int8Weight) for layer in layers) and kernels.int8 is None:
+            raise ValueError("int8 weights without the int8 kernel")
+        self.run = bind(load_kernel("decode_layers"), "decode_layers",
+                        [ctypes.c_void_p, ctypes.c_void_p, _int, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int])
+        self.layers = layers  # keeps every tensor the structs point into alive
+        self.cache_ptr = cache.data_ptr()
+        self._structs = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
+        f32 = torch.float32
+        entries = (kernels.int8.q4 if kernels.int8 else None, kernels.packed.f32, kernels.packed.coded,
+                   kernels.fused.entries["rms_norm", f32], kernels.fused.entries["silu_mul", f32],
+                   kernels.fused.entries["rotary", f32], kernels.decode.entries[f32, cache.dtype, shape.head_dim])
+        self._model = _Model(*(_address(e) if e is not None else 0 for e in entries), self._structs, len(layers),
+                             shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate,
+                             cache.shape[1], shape.window, int(cache.dtype == torch.float16), shape.eps, shape.scale)
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """cos/sin [rows, (1,) D/2] fp32, slots [rows] int64, block_tables [rows, nb] int32, seq_lens [rows] int32."""
+        hidden = hidden.contiguous()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        tables = block_tables.to(torch.int32).contiguous()
+        lens = seq_lens.to(torch.int32).contiguous()
+        slots = slots.to(torch.int64).contiguous()
+        failed = self.run(ctypes.addressof(self._model), hidden.data_ptr(), hidden.shape[0], cos.data_ptr(),
+                          sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+                          torch.get_num_threads())
+        if failed:
+            raise MemoryError(f"the C decode layers failed (code {failed}: out of memory or an unsupported shape)")
+        return hidden
+
+
+def _layer(layer: LayerWeights) -> _Layer:
+    return _Layer(layer.input_norm.data_ptr(), layer.post_norm.data_ptr(), _projection(layer.qkv),
+                  _projection(layer.o), _projection(layer.gate_up), _projection(layer.down),
+                  layer.key_cache.data_ptr(), layer.value_cache.data_ptr())

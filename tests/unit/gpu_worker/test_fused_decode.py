@@ -1,0 +1,134 @@
+"""Decode-only steps in one C call (services/gpu_worker/fused_decode.py) give the layer-by-layer path's numbers,
+bit for bit, in the hidden states and in the KV cache, and are left out where a layer does not run on the C kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from gguf import GGMLQuantizationType
+
+from services.gpu_worker.attention.backend import AttentionShape
+from services.gpu_worker.attention.selection import select_backend
+from services.gpu_worker.fused_decode import build_decode_layers
+from services.gpu_worker.input_batch import build_model_input
+from services.gpu_worker.kv_cache import KVCache
+from services.gpu_worker.loader import load_model
+from services.gpu_worker.model_config import load_model_config
+from services.gpu_worker.request_state import RequestState
+from shared.sampling_params import SamplingParams
+from tests.kernels.test_cpu_packed_linear import grid_weight
+
+# head size 64 (what the C decode attention takes), sizes multiples of 32 (the grids' groups)
+_SIZES = dict(vocab_size=101, hidden_size=128, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
+CONFIGS = {
+    "llama": lambda: transformers.LlamaConfig(**_SIZES),
+    "qwen2": lambda: transformers.Qwen2Config(**_SIZES),  # q|k|v biases
+    "mistral": lambda: transformers.MistralConfig(**_SIZES, sliding_window=12),
+    "qwen3": lambda: transformers.Qwen3Config(**_SIZES),  # q/k norms: not taken
+}
+CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
+           "mistral": transformers.MistralForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
+BLOCK = 4
+
+
+def _save(name: str, folder, grid: bool) -> None:
+    """A random model; with `grid`, every projection on a 4-bit grid (as the default model's)."""
+    torch.manual_seed(0)
+    model = CLASSES[name](CONFIGS[name]())
+    with torch.no_grad():
+        for module_name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and grid and module_name != "lm_head":
+                module.weight.copy_(grid_weight(*module.weight.shape, GGMLQuantizationType.Q4_1))
+            if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                module.bias.normal_(0.0, 0.5)
+    model.save_pretrained(folder)
+
+
+class Paged:
+    """The model over a paged cache, built as the worker builds it (C kernels), with or without the one-call path."""
+
+    def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool) -> None:
+        c = self.config = load_model_config(folder, "float32")
+        shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
+        self.backend = select_backend("torch", shape, torch.device("cpu"), native_decode=True)
+        self.model = load_model(folder, c, self.backend, 256, torch.device("cpu"), native_kernels=True,
+                                int8_activations=int8)
+        self.model.proj.warm_up(self.model.projections())
+        self.kv = KVCache.allocate(c, 64, BLOCK, torch.device("cpu"), cache_dtype)
+        self.backend.warm_up(*self.kv.layers[0], query_dtype=torch.float32)
+        self.decode_layers = build_decode_layers(self.model, self.kv, self.backend)
+        self.model.decode_layers = self.decode_layers if fused else None
+
+    @torch.inference_mode()
+    def step(self, states: list[RequestState], counts: list[int], skip_row: int | None = None) -> torch.Tensor:
+        batch = build_model_input(states, counts, BLOCK, torch.device("cpu"))
+        if skip_row is not None:
+            batch.meta.slot_mapping[skip_row] = -1
+        hidden = self.model(batch.token_ids, batch.positions, self.kv.layers, batch.meta)
+        for state, n in zip(states, counts, strict=True):
+            state.num_computed_tokens += n
+        return hidden
+
+
+def _requests(lengths: list[int]) -> list[RequestState]:
+    states = []
+    for i, length in enumerate(lengths):
+        ids = torch.randint(0, 101, (length + 8,), generator=torch.Generator().manual_seed(i)).tolist()
+        state = RequestState(f"r{i}", ids, length, SamplingParams(temperature=0.0), [], 0, ())
+        state.block_ids.extend(range(16 * i, 16 * i + 16))
+        states.append(state)
+    return states
+
+
+def _run(paged: Paged, lengths: list[int], decodes: int) -> list[torch.Tensor]:
+    """Prompts whole, then `decodes` decode-only steps (one of them with a skipped cache write); the hidden
+    states of each decode step."""
+    states = _requests(lengths)
+    paged.step(states, lengths)
+    return [paged.step(states, [1] * len(states), skip_row=1 if d == 1 else None) for d in range(decodes)]
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize(("int8", "cache_dtype"), [(False, torch.float32), (True, torch.float16)])
+def test_one_call_gives_the_layer_path_numbers(tmp_path, name: str, int8: bool, cache_dtype: torch.dtype) -> None:
+    _save(name, tmp_path, grid=int8)
+    fused, layered = (Paged(tmp_path, int8, cache_dtype, fused=f) for f in (True, False))
+    assert fused.decode_layers is not None
+    if int8:
+        assert fused.model.proj.int8_weights, "the grid weights should take int8 inputs"
+    lengths = [3, 17, 9]  # past the sliding window of 12, across block edges
+    for ours, theirs in zip(_run(fused, lengths, 5), _run(layered, lengths, 5), strict=True):
+        assert torch.equal(ours, theirs)
+    for (k1, v1), (k2, v2) in zip(fused.kv.layers, layered.kv.layers, strict=True):
+        assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_the_one_call_path_runs_decode_steps_only(tmp_path, monkeypatch) -> None:
+    _save("llama", tmp_path, grid=False)
+    paged = Paged(tmp_path, False, torch.float32, fused=True)
+    calls = []
+    original = type(paged.decode_layers).__call__
+    monkeypatch.setattr(type(paged.decode_layers), "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    states = _requests([5, 6])
+    paged.step(states, [5, 6])
+    assert not calls  # prefill
+    paged.step(states, [1, 1])
+    assert len(calls) == 1
+
+
+def test_q_k_norms_stay_layer_by_layer(tmp_path, caplog) -> None:
+    _save("qwen3", tmp_path, grid=False)
+    with caplog.at_level("INFO"):
+        assert Paged(tmp_path, False, torch.float32, fused=True).decode_layers is None
+    assert "q/k norms" in caplog.text
+
+
+def test_a_projection_outside_the_c_gemms_stays_layer_by_layer(tmp_path, caplog) -> None:
+    _save("llama", tmp_path, grid=False)
+    paged = Paged(tmp_path, False, torch.float32, fused=False)
+    paged.model.proj.packed_weights.pop(paged.model.layers[1].mlp.down_proj)
+    with caplog.at_level("INFO"):
+        assert build_decode_layers(paged.model, paged.kv, paged.backend) is None
+    assert "a projection outside the C GEMMs" in caplog.text
