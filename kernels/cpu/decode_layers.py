@@ -108,7 +108,8 @@ class DecodeLayers:
         if cache.dtype not in (torch.float32, torch.float16) or not all(
                 t.is_contiguous() for layer in layers for t in (layer.key_cache, layer.value_cache)):
             raise ValueError("the fused decode layers need contiguous fp32 or fp16 KV caches")
-        if any(isinstance(layer.qkv.weight, Int8Weight) for layer in layers) and kernels.int8 is None:
+        if kernels.int8 is None and any(isinstance(p.weight, Int8Weight) for layer in layers
+                                        for p in (layer.qkv, layer.o, layer.gate_up, layer.down)):
             raise ValueError("int8 weights without the int8 kernel")
         self.run = bind(load_kernel("decode_layers"), "decode_layers",
                         [ctypes.c_void_p, ctypes.c_void_p, _int, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int])
