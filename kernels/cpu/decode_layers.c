@@ -101,7 +101,7 @@ static void store_row(void *dst, const float *src, int width, int half) {
 /* Each row's k and v (after rotary) into its slot of the layer's caches. */
 static void write_kv(const model_t *m, const layer_t *l, const float *qkv, const int64_t *slots, int rows) {
     const int q_size = m->heads * m->head_dim, kv_size = m->kv_heads * m->head_dim;
-    const int qkv_width = q_size + 2 * kv_size, bytes = m->half_cache ? 2 : 4;
+    const int qkv_width = l->qkv.out, bytes = m->half_cache ? 2 : 4;
     for (int r = 0; r < rows; r++) {
         if (slots[r] < 0) continue;
         const int64_t at = slots[r] * kv_size * bytes;
