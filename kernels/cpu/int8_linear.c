@@ -29,7 +29,6 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #ifndef __AVX2__
 #error "int8_linear.c needs AVX2"
@@ -69,32 +68,38 @@ INLINE float hmax(__m256 v) {
 static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i low = _mm256_set1_epi32(-127), high = _mm256_set1_epi32(127);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const int groups = in / GROUP;
     for (int g = 0; g < groups; g++) {
-        float values[GROUP], magnitude[GROUP];
-        memcpy(values, x + g * GROUP, sizeof values);
-        __m256 m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(values + 8 * i));
-            _mm256_storeu_ps(magnitude + 8 * i, a);
-            m = _mm256_max_ps(m, a);
+        __m256 v[4], mag[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) { /* max in this order: NaN inputs then give what they always gave */
+            v[i] = _mm256_loadu_ps(x + g * GROUP + 8 * i);
+            mag[i] = _mm256_andnot_ps(sign, v[i]);
+            m = _mm256_max_ps(m, mag[i]);
         }
-        float amax = hmax(m), outlier = 0.0f;
-        int at = 0;
-        while (at < GROUP - 1 && magnitude[at] != amax) at++; /* (NaN inputs: stop at the last) */
-        magnitude[at] = 0.0f;
-        m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) m = _mm256_max_ps(m, _mm256_loadu_ps(magnitude + 8 * i));
-        const float second = hmax(m);
+        float amax = hmax(m);
+        const __m256 top = _mm256_set1_ps(amax);
+        uint32_t hits = 0;
+        for (int i = 0; i < 4; i++)
+            hits |= (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(mag[i], top, _CMP_EQ_OQ)) << (8 * i);
+        const int at = hits ? __builtin_ctz(hits) : GROUP - 1; /* the first largest (NaN inputs: the last) */
+        __m256 is_at[4], rest = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            is_at[i] = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(8 * i)),
+                                                              _mm256_set1_epi32(at)));
+            rest = _mm256_max_ps(rest, _mm256_andnot_ps(is_at[i], mag[i]));
+        }
+        const float second = hmax(rest);
+        float outlier = 0.0f;
         if (amax > OUTLIER * second) {
-            outlier = values[at];
-            values[at] = 0.0f;
+            outlier = x[g * GROUP + at];
+            for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_ps(is_at[i], v[i]);
             amax = second;
         }
         const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
         __m256i n[4], total = _mm256_setzero_si256();
         for (int i = 0; i < 4; i++) { /* round to nearest even, clamped against rounding past 127 */
-            __m256i rounded = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(values + 8 * i), inverse));
+            __m256i rounded = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
             n[i] = _mm256_min_epi32(_mm256_max_epi32(rounded, low), high);
             total = _mm256_add_epi32(total, n[i]);
         }
@@ -230,10 +235,12 @@ int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, co
         for (int r = 0; r < rows; r++) quantize_row(x + (int64_t)r * in, in, &qx, r);
         const int threads = omp_get_num_threads(), t = omp_get_thread_num();
         const int p0 = (int)((int64_t)panels * t / threads), p1 = (int)((int64_t)panels * (t + 1) / threads);
-        for (int first = 0; first < rows; first += BLOCK_ROWS) { /* each thread: its own panels, then outliers */
+        /* each thread, per block of rows: every tile through its own panels (the tile's int8 rows stay in L1 while
+         * the codes stream past), then the block's outliers */
+        for (int first = 0; first < rows; first += BLOCK_ROWS) {
             const int last = first + BLOCK_ROWS < rows ? first + BLOCK_ROWS : rows;
-            for (int p = p0; p < p1; p++)
-                for (int r = first; r < last; r += TILE_ROWS)
+            for (int r = first; r < last; r += TILE_ROWS)
+                for (int p = p0; p < p1; p++)
                     tile(&qx, r, last - r < TILE_ROWS ? last - r : TILE_ROWS, &wt, bias, y, in, out, p);
             add_outliers(&qx, &wt, y, first, last, in, out, p0 * PANEL, p1 * PANEL);
         }
