@@ -38,6 +38,8 @@
 #define GROUP 32
 #define TILE_ROWS 6
 #define BLOCK_ROWS 96
+#define ITEMS_PER_THREAD 4 /* panel chunks per block of rows and thread */
+#define QUANTIZE_ROWS 4
 #define OUTLIER 2.0f /* an input above this times the rest of its group stays in fp32 (quantize_row) */
 #define INLINE static inline __attribute__((always_inline))
 
@@ -229,16 +231,21 @@ int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, co
         return 2;
     }
     const quantized_t qx = {q, side, side + sides, side + 2 * sides, (uint8_t *)q + (size_t)rows * in};
+    /* Work items of BLOCK_ROWS rows x `chunk` panels, handed out as threads come free: a thread that the OS
+     * preempts (the gateway and scheduler share these cores) holds up one item, not a fixed half of the work. */
+    const int threads = num_threads > 0 ? num_threads : 1, per_thread = ITEMS_PER_THREAD * threads;
+    const int chunk = (panels + per_thread - 1) / per_thread, chunks = (panels + chunk - 1) / chunk;
+    const int items = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS * chunks;
 #pragma omp parallel num_threads(num_threads)
     {
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, QUANTIZE_ROWS)
         for (int r = 0; r < rows; r++) quantize_row(x + (int64_t)r * in, in, &qx, r);
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int p0 = (int)((int64_t)panels * t / threads), p1 = (int)((int64_t)panels * (t + 1) / threads);
-        /* each thread, per block of rows: every tile through its own panels (the tile's int8 rows stay in L1 while
-         * the codes stream past), then the block's outliers */
-        for (int first = 0; first < rows; first += BLOCK_ROWS) {
-            const int last = first + BLOCK_ROWS < rows ? first + BLOCK_ROWS : rows;
+        /* per item: every row tile through the item's panels (the tile's int8 rows stay in L1 while the codes
+         * stream past), then the item's outliers */
+#pragma omp for schedule(dynamic, 1)
+        for (int item = 0; item < items; item++) {
+            const int first = item / chunks * BLOCK_ROWS, last = first + BLOCK_ROWS < rows ? first + BLOCK_ROWS : rows;
+            const int p0 = item % chunks * chunk, p1 = p0 + chunk < panels ? p0 + chunk : panels;
             for (int r = first; r < last; r += TILE_ROWS)
                 for (int p = p0; p < p1; p++)
                     tile(&qx, r, last - r < TILE_ROWS ? last - r : TILE_ROWS, &wt, bias, y, in, out, p);

@@ -7,9 +7,9 @@
  * carried across k-blocks of K_BLOCK (whose slice of the panel stays in L1) through a small buffer. Each output is
  * therefore the same in-order sum of its k terms whatever the row count or tile: a prompt's rows give the same
  * numbers whole or split across steps. Rows go in blocks of BLOCK_ROWS that stay in L2 while the panels stream;
- * panels are split over OpenMP threads (torch's runtime, as in the other kernels). On the Zen 3 CI machine (AVX2,
- * 2 threads) all linears of the default model's 30 layers take 37 ms for 16 rows against 55-94 ms through torch,
- * 90-115 ms for 64 against 140-165, and about the same for 512.
+ * panels are handed out to OpenMP threads as they come free (torch's runtime, as in the other kernels). On the Zen 3
+ * CI machine (AVX2, 2 threads) all linears of the default model's 30 layers take 37 ms for 16 rows against 55-94 ms
+ * through torch, 90-115 ms for 64 against 140-165, and about the same for 512.
  *
  * Coded panels: a weight that is exactly q * scale + offset in fp32 for integer codes q and one (scale, offset)
  * per column and GROUP = 32 inputs (a model dequantized from a 4- or 8-bit checkpoint, like the default model)
@@ -33,6 +33,7 @@
 #define BLOCK_ROWS 96
 #define K_BLOCK 256
 #define GROUP 32
+#define DIRECT_CHUNK 16 /* panels per work item of direct_rows (a multiple of 4) */
 
 typedef struct {
     const void *values; /* fp32 panels, or codes */
@@ -152,16 +153,15 @@ INLINE void direct_shape(const float *x, const weights_t *wt, const float *bias,
     }
 }
 
-/* All rows (at most DIRECT_ROWS) through every panel with direct(): each thread takes an even share of the
- * panels, in groups of up to 4 / rows. */
+/* All rows (at most DIRECT_ROWS) through every panel with direct(): chunks of DIRECT_CHUNK panels handed out as
+ * threads come free (a preempted thread holds up one chunk), each in groups of up to 4 / rows. */
 static void direct_rows(const float *x, const weights_t *wt, const float *bias, float *y, int rows, int in, int out,
                         int num_threads) {
     const int panels = (out + PANEL - 1) / PANEL, step = rows == 1 ? 4 : rows == 2 ? 2 : 1;
-#pragma omp parallel num_threads(num_threads)
-    {
-        const int threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int last = (int)((int64_t)panels * (t + 1) / threads);
-        for (int p = (int)((int64_t)panels * t / threads); p < last; p += step) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int first = 0; first < panels; first += DIRECT_CHUNK) {
+        const int last = first + DIRECT_CHUNK < panels ? first + DIRECT_CHUNK : panels;
+        for (int p = first; p < last; p += step) {
             int count = last - p < step ? last - p : step;
             switch (rows * 8 + count) { /* constant counts keep acc in registers */
             case 9: direct_shape(x, wt, bias, y, 1, 1, in, out, p); break;
@@ -235,7 +235,7 @@ static void packed_linear(const float *x, const weights_t *wt, const float *bias
 #pragma omp parallel num_threads(num_threads)
     for (int first = 0; first < rows; first += BLOCK_ROWS) {
         int last = first + BLOCK_ROWS < rows ? first + BLOCK_ROWS : rows;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1) /* panels as threads come free: a preempted thread holds up one */
         for (int p = 0; p < panels; p++) rows_through_panel(x, wt, bias, y, first, last, in, out, p);
     }
 }
