@@ -3,6 +3,10 @@
 Everything that touches the Scheduler runs on the event loop thread, so adds and aborts interleave with steps
 without locks: an abort frees the request's blocks at once, and an output of a step that was in flight for an
 aborted request is dropped by `update_from_output`. The loop sleeps on an event while there is nothing to do.
+
+A step's outputs update the Scheduler at once but reach the streams' queues only once the next step's call has
+started: each woken stream then writes its chunk to the gateway while the worker computes, instead of all of them
+running before the call goes out (64 streams held every step's call back by about 10 ms).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from services.grpc_errors import WorkerUnavailable
 from services.scheduler.scheduler import Scheduler, SchedulerOutput
 from services.scheduler.worker_client import WorkerClient
 from shared.request_io import GenerateRequest, RequestOutput
-from shared.step_protocol import StepOutput
+from shared.step_protocol import StepInput, StepOutput
 from shared.tracing import get_tracer
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,7 @@ class EngineLoop:
         self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
         self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
         self._wakeup = asyncio.Event()
+        self._undelivered: list[tuple[asyncio.Queue[Item], Item]] = []  # the last step's outputs, not yet queued
         self.num_steps = 0
 
     @property
@@ -78,6 +83,7 @@ class EngineLoop:
     async def run(self) -> None:
         while True:
             if not (self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids):
+                self._deliver()
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
@@ -87,6 +93,7 @@ class EngineLoop:
         scheduled = self.scheduler.schedule()
         step = scheduled.step_input
         if step.is_empty and not step.finished_req_ids:
+            self._deliver()
             await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
             return
         self.num_steps += 1
@@ -97,21 +104,36 @@ class EngineLoop:
                                                            "num_scheduled_tokens": step.total_num_scheduled_tokens}):
             traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
                             if r.req_id in self._traceparents}
-            try:
-                output = await self.worker.step(step, self.num_steps, traceparents)
-            except grpc.aio.AioRpcError as exc:
-                output = WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}")
+            output = await self._call_worker(step, traceparents)
         if isinstance(output, WorkerUnavailable):
+            self._deliver()
             await self._recover(output)
         else:
             self._dispatch(scheduled, output)
+
+    async def _call_worker(self, step: StepInput, traceparents: dict[str, str]) -> StepOutput | WorkerUnavailable:
+        """The step on the worker; the last step's outputs go to their streams once the call is out."""
+        call = asyncio.ensure_future(self.worker.step(step, self.num_steps, traceparents))
+        try:
+            await asyncio.sleep(0)  # the call's task runs (and starts the RPC) before any stream it would wake
+            self._deliver()
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            return WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}")
+        finally:
+            call.cancel()  # a no-op once done; else this loop is being cancelled (shutdown)
+
+    def _deliver(self) -> None:
+        for queue, item in self._undelivered:
+            queue.put_nowait(item)
+        self._undelivered.clear()
 
     def _dispatch(self, scheduled: SchedulerOutput, output: StepOutput) -> None:
         for out in self.scheduler.update_from_output(scheduled, output):
             queue = self._queues.get(out.req_id)
             if queue is None:
                 continue
-            queue.put_nowait(out)
+            self._undelivered.append((queue, out))
             if out.num_output_tokens == len(out.new_token_ids):
                 self.state.request_first_token(out.req_id, out.num_cached_tokens)
             if out.finished:

@@ -122,3 +122,36 @@ async def test_lost_worker_fails_live_requests_then_serves_again():
         assert worker.num_describes == 1 and loop.scheduler.kv.usage == 0.0
         outputs = await drain(loop.add_request(request("after")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
+
+
+class CallTaskWorker(FakeWorkerClient):
+    """Sends each step from a task of its own, as grpc.aio does (the call starts when that task first runs)."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    async def step(self, step, step_id, traceparents):
+        async def send():
+            self.events.append(f"call {step_id} sent")
+            return await FakeWorkerClient.step(self, step, step_id, traceparents)
+
+        return await asyncio.ensure_future(send())
+
+
+@pytest.mark.asyncio
+async def test_the_next_step_is_sent_before_the_streams_wake_to_the_last_one():
+    """Streams woken by step N's outputs must not hold back step N + 1's call (each writes to the gateway)."""
+    events: list[str] = []
+    async with running_loop(CallTaskWorker(events)) as (loop, _):
+        queues = [loop.add_request(request(f"r{i}", max_tokens=3)) for i in range(4)]
+
+        async def consume(queue):  # like the Generate handler: awake as soon as its queue has an item
+            while not (out := await queue.get()).finished:
+                events.append(f"output {out.num_output_tokens}")
+            events.append(f"output {out.num_output_tokens}")
+
+        await asyncio.wait_for(asyncio.gather(*(consume(q) for q in queues)), 5)
+    first_outputs = events.index("output 1")
+    assert "call 2 sent" in events[:first_outputs], events
+    assert events.count("output 3") == 4  # and every output still arrives, the last ones once the loop idles
