@@ -105,8 +105,7 @@ class EngineLoop:
             traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
                             if r.req_id in self._traceparents}
             output = await self._call_worker(step, traceparents)
-        if isinstance(output, WorkerUnavailable):
-            self._deliver()
+        if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
             await self._recover(output)
         else:
             self._dispatch(scheduled, output)
