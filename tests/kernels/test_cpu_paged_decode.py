@@ -61,6 +61,44 @@ def test_other_block_sizes(block_size: int) -> None:
     assert_close_to_ref(out, _ref(batch, 0.125, 0), torch.bfloat16)
 
 
+def _big_batch(group: int, kv_heads: int, dtype: torch.dtype, seed: int) -> PagedBatch:
+    """Enough requests that one task takes several (or all) kv heads of a request."""
+    seq_lens = [1 + (37 * i) % 301 for i in range(40)]
+    return make_batch(seq_lens, [1] * len(seq_lens), group * kv_heads, kv_heads, 64, 16, dtype, CPU, seed=seed)
+
+
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize(("group", "kv_heads"), [(3, 3), (1, 2), (16, 4)])  # (16, 4): two of four kv heads a task
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float16])
+def test_large_batches_match_reference(cache_dtype: torch.dtype, group: int, kv_heads: int, window: int) -> None:
+    batch = _big_batch(group, kv_heads, torch.bfloat16, seed=group + kv_heads + window)
+    if cache_dtype == torch.float16:
+        batch.query = batch.query.float()
+        batch.key_cache, batch.value_cache = batch.key_cache.half(), batch.value_cache.half()
+    out = native.NativePagedDecode()(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
+                                     batch.seq_lens, 0.125, window)
+    assert_close_to_ref(out, _ref(batch, 0.125, window), batch.query.dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_request_gets_the_same_numbers_alone_or_in_a_batch(threads: int) -> None:
+    """Large batches hand a task all kv heads of a request, small ones one: the numbers must not change."""
+    batch = _big_batch(3, 3, torch.float32, seed=5)
+    batch.key_cache, batch.value_cache = batch.key_cache.half(), batch.value_cache.half()
+    decode = native.NativePagedDecode()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = decode(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
+                          0.125, 0)
+        for i in (0, 7, 39):
+            alone = decode(batch.query[i:i + 1], batch.key_cache, batch.value_cache, batch.block_tables[i:i + 1],
+                           batch.seq_lens[i:i + 1], 0.125, 0)
+            assert torch.equal(alone[0], together[i])
+    finally:
+        torch.set_num_threads(previous)
+
+
 def test_softmax_is_stable_for_large_scores() -> None:
     """Scores in the hundreds (exp would overflow without subtracting the max) still give the reference."""
     batch = _batch(3, 64, torch.float32, 16, seed=3)
