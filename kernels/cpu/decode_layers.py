@@ -108,12 +108,15 @@ class DecodeLayers:
         if cache.dtype not in (torch.float32, torch.float16) or not all(
                 t.is_contiguous() for layer in layers for t in (layer.key_cache, layer.value_cache)):
             raise ValueError("the fused decode layers need contiguous fp32 or fp16 KV caches")
+        for i, layer in enumerate(layers):
+            _check_widths(i, layer, shape)
         if kernels.int8 is None and any(isinstance(p.weight, Int8Weight) for layer in layers
                                         for p in (layer.qkv, layer.o, layer.gate_up, layer.down)):
             raise ValueError("int8 weights without the int8 kernel")
         self.run = bind(load_kernel("decode_layers"), "decode_layers",
                         [ctypes.c_void_p, ctypes.c_void_p, _int, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int])
         self.layers = layers  # keeps every tensor the structs point into alive
+        self.kernels, self.shape = kernels, shape
         self.cache_ptr = cache.data_ptr()
         self._structs = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
         f32 = torch.float32
@@ -138,6 +141,18 @@ class DecodeLayers:
         if failed:
             raise MemoryError(f"the C decode layers failed (code {failed}: out of memory or an unsupported shape)")
         return hidden
+
+
+def _check_widths(index: int, layer: LayerWeights, shape: DecodeShape) -> None:
+    """decode_layers.c sizes its scratch from `shape` and runs each projection at its own width: they must agree."""
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    expected = {"qkv": (shape.hidden, q + 2 * kv), "o": (q, shape.hidden),
+                "gate_up": (shape.hidden, 2 * shape.intermediate), "down": (shape.intermediate, shape.hidden)}
+    for name, (in_features, out_features) in expected.items():
+        w = getattr(layer, name).weight
+        if (w.in_features, w.out_features) != (in_features, out_features):
+            raise ValueError(f"layer {index}: the {name} projection is {w.in_features} -> {w.out_features}, the "
+                             f"decode shape needs {in_features} -> {out_features}")
 
 
 def _layer(layer: LayerWeights) -> _Layer:

@@ -3,11 +3,14 @@ bit for bit, in the hidden states and in the KV cache, and are left out where a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import transformers
 from gguf import GGMLQuantizationType
 
+from kernels.cpu.decode_layers import DecodeLayers
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.selection import select_backend
 from services.gpu_worker.fused_decode import build_decode_layers
@@ -132,3 +135,13 @@ def test_a_projection_outside_the_c_gemms_stays_layer_by_layer(tmp_path, caplog)
     with caplog.at_level("INFO"):
         assert build_decode_layers(paged.model, paged.kv, paged.backend) is None
     assert "a projection outside the C GEMMs" in caplog.text
+
+
+def test_a_projection_of_another_width_than_the_shape_is_refused(tmp_path) -> None:
+    """decode_layers.c sizes its scratch from the shape: a layer whose projection disagrees must not reach it."""
+    _save("llama", tmp_path, grid=False)
+    paged = Paged(tmp_path, False, torch.float32, fused=True)
+    fused = paged.decode_layers
+    wide = dataclasses.replace(fused.layers[1], gate_up=fused.layers[1].down)
+    with pytest.raises(ValueError, match="layer 1: the gate_up projection is 96 -> 128"):
+        DecodeLayers(fused.kernels, fused.shape, [fused.layers[0], wide])
