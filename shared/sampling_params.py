@@ -28,7 +28,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: no logprobs; N >= 0: sampled token plus top-N
     stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
+    ignore_eos: bool = False  # EOS never ends the answer: the worker bans it, so answers run to max_tokens
 
     def __post_init__(self) -> None:
         self.validate()

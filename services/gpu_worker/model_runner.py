@@ -95,7 +95,7 @@ class ModelRunner:
 
     def _sample(self, batch: ModelInput, logits: torch.Tensor) -> StepOutput:
         sampling_requests = [batch.requests[i] for i in batch.sample_indices]
-        rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids)
+        rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids, r.banned_token_ids)
                 for r in sampling_requests]
         token_ids, logprobs = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
         token_ids = token_ids.tolist()

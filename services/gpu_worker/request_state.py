@@ -16,6 +16,7 @@ class RequestState:
     block_ids: list[int]
     num_computed_tokens: int  # tokens whose KV is in the cache
     stop_token_ids: tuple[int, ...]  # banned by the sampler until min_tokens outputs exist
+    banned_token_ids: tuple[int, ...] = ()  # never sampled: the model's EOS ids under ignore_eos
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -19,6 +19,7 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     stop_token_ids: tuple[int, ...]  # EOS (unless ignore_eos) and the request's stop ids, banned before min_tokens
+    banned_token_ids: tuple[int, ...] = ()  # banned at every step (EOS under ignore_eos)
 
 
 @dataclass
@@ -53,14 +54,17 @@ def _seeded_generator(seed: int, output_index: int, device: torch.device) -> tor
 
 
 def _bias_entries(rows: list[SamplingRow]) -> tuple[list[int], list[int], list[float]]:
-    """Logit bias plus -inf on stop tokens for rows that have not yet reached min_tokens."""
+    """Logit bias, plus -inf on banned tokens and, for rows that have not yet reached min_tokens, on stop tokens
+    (the sampler adds them up, so -inf wins over any bias)."""
     row_ids, token_ids, values = [], [], []
     for i, row in enumerate(rows):
         for token_id, bias in row.params.logit_bias.items():
             row_ids.append(i), token_ids.append(token_id), values.append(bias)
+        banned = row.banned_token_ids
         if len(row.output_token_ids) < row.params.min_tokens:
-            for token_id in row.stop_token_ids:
-                row_ids.append(i), token_ids.append(token_id), values.append(float("-inf"))
+            banned += row.stop_token_ids
+        for token_id in banned:
+            row_ids.append(i), token_ids.append(token_id), values.append(float("-inf"))
     return row_ids, token_ids, values
 
 

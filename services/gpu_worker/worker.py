@@ -36,9 +36,13 @@ class Worker:
         return self.runner.run(scheduled, list(step.num_scheduled_tokens.values()))
 
     def _mirror(self, new: NewRequest) -> RequestState:
-        stops = tuple(new.sampling.stop_token_ids) + (() if new.sampling.ignore_eos else self.runner.eos_token_ids)
+        """ignore_eos bans the model's EOS ids (as llama.cpp's server does): the answer runs to max_tokens as text,
+        not as EOS and template tokens that the text then hides."""
+        eos = self.runner.eos_token_ids
+        stops = tuple(new.sampling.stop_token_ids) + (() if new.sampling.ignore_eos else eos)
         return RequestState(new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling,
-                            list(new.block_ids), new.num_computed_tokens, stops)
+                            list(new.block_ids), new.num_computed_tokens, stops,
+                            eos if new.sampling.ignore_eos else ())
 
     def _apply(self, cached: CachedRequest) -> None:
         state = self.requests.get(cached.req_id)

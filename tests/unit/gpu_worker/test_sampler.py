@@ -106,6 +106,20 @@ def test_min_tokens_bans_stop_tokens_until_reached():
     assert ids[0] != 7 and ids[1] == 7
 
 
+def test_banned_tokens_are_never_sampled_even_against_a_bias():
+    """ignore_eos bans EOS at every step: greedy, sampled, past min_tokens, and over a positive logit bias."""
+    logits = torch.zeros(3, VOCAB)
+    logits[:, 7] = 10.0  # token 7 (EOS) is by far the likeliest
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1),
+              SamplingParams(temperature=0.0, logit_bias={7: 100.0})]
+    rows = [SamplingRow(p, [], [1, 2, 3], (), (7,)) for p in params]
+    for _ in range(20):
+        ids, _ = sample(logits.clone(), build_sampling_batch(rows, VOCAB, torch.device("cpu")))
+        assert 7 not in ids.tolist()
+    free = [SamplingRow(p, [], [1, 2, 3], ()) for p in params[:1]]
+    assert sample(logits[:1].clone(), build_sampling_batch(free, VOCAB, torch.device("cpu")))[0].tolist() == [7]
+
+
 def test_logprobs_come_from_the_raw_distribution():
     logits = logits_rows(2, seed=6)
     ids, logprobs = run(logits, [SamplingParams(temperature=0.0, logprobs=3, logit_bias={0: 100.0}),

@@ -11,6 +11,7 @@ from services.gpu_worker.dtype_policy import auto_dtype
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
+from shared.request_io import FinishReason
 from shared.sampling_params import SamplingParams
 from tests.greedy_match import check_greedy_match
 
@@ -35,15 +36,16 @@ def prompts(llm):
 
 @pytest.fixture(scope="module")
 def transformers_greedy(smollm2_dir, prompts):
-    """transformers' generate, one prompt at a time: 64 tokens each (EOS does not stop it) and top-5 per step."""
+    """transformers' generate, one prompt at a time: 64 tokens each (EOS banned, as under ignore_eos), top-5 a step."""
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = []  # like ignore_eos: run the full 64 tokens
+    model.generation_config.eos_token_id = []  # run the full 64 tokens
     results = []
     for token_ids in prompts:
         inputs = torch.tensor([token_ids])
         # an explicit mask: otherwise generate takes the prompt's <|im_end|> (= pad id) tokens for padding
         out = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=NUM_TOKENS,
-                             do_sample=False, pad_token_id=2, output_logits=True, return_dict_in_generate=True)
+                             do_sample=False, pad_token_id=2, output_logits=True, return_dict_in_generate=True,
+                             suppress_tokens=[2])  # ignore_eos bans EOS; the raw logits below still hold it
         tokens = out.sequences[0, len(token_ids):].tolist()
         assert len(tokens) == NUM_TOKENS
         results.append((tokens, [step[0].topk(TOP_N).indices.tolist() for step in out.logits]))
@@ -65,6 +67,16 @@ def _compare(completions, transformers_greedy, label: str) -> list[str]:
 def test_capital_of_france(llm, prompts):
     [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in completion.text
+
+
+def test_ignore_eos_bans_eos_instead_of_stopping_at_it(llm, prompts):
+    """The answer ends with EOS after "Paris."; under ignore_eos the worker never samples EOS and runs on in text."""
+    eos = llm.engine.worker.runner.eos_token_ids
+    [plain] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
+    [forced] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))
+    assert plain.finish_reason == FinishReason.STOP and len(plain.token_ids) < 32
+    assert len(forced.token_ids) == 32 and not set(forced.token_ids) & set(eos)
+    assert forced.token_ids[: len(plain.token_ids) - 1] == plain.token_ids[:-1]  # the same answer, then more text
 
 
 def test_serving_default_dtype_answers_paris(smollm2_dir, prompts):
