@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     app = create_app(serving, instrument=tracing)
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                    timeout_graceful_shutdown=5, log_config=None)
+                    loop=config.loop, http=config.http, timeout_graceful_shutdown=5, log_config=None)
     finally:
         shutdown_tracing()
     return 0

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
 from services.scheduler.server import serve
 from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import parse_config
+from shared.event_loop import run
 from shared.log_setup import setup_logging
 from shared.tracing import setup_tracing, shutdown_tracing
 
@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     setup_logging(config.log_level)
     setup_tracing("pagedserve-scheduler")
     try:
-        asyncio.run(serve(config))
+        run(serve(config), config.loop)
     finally:
         shutdown_tracing()
     return 0
