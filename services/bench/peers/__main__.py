@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from services.bench.peers.machine_speed import MachineSpeed, measure_speed, save_speeds
 from services.bench.peers.plan import SuitePlan, parse_ints
 from services.bench.peers.ratios import comparison
 from services.bench.peers.results import write_server_results
@@ -50,8 +51,9 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _header(runs: list[ServerRun], started: str) -> str:
+def _header(runs: list[ServerRun], started: str, speeds: list[MachineSpeed]) -> str:
     lines = [f"started {started}, finished {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {_load()} at the end"]
+    lines += [f"  machine {when}: {speed.line()}" for when, speed in zip(("before", "after"), speeds, strict=False)]
     for run in runs:
         status = run.error or ("failed points: " + ", ".join(run.failed_points) if run.failed_points else "ok")
         lines.append(f"  {run.label:<13} from {run.started_at}, {run.duration_s / 60:.1f} min, "
@@ -82,12 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, args.threads,
                             args.build_jobs)  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
-    runs = []
+    runs, speeds = [], [] if args.no_run else [measure_speed()]
     for label in labels:
         if not args.no_run:
             runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies_for(label)))
         write_server_results(plan, label, plan.concurrencies_for(label), plot=not args.no_plot)
-    header = _header(runs, started)
+    if speeds:
+        speeds.append(measure_speed())
+        save_speeds(plan.out_dir / "machine-speed.json", speeds)
+    header = _header(runs, started, speeds)
     if len(labels) > 1:
         table = comparison(plan.out_dir, labels, plan.workloads, plot=not args.no_plot)
         path = plan.out_dir / "peers-summary.txt"
