@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, args.threads,
                             args.build_jobs)  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
-    runs, speeds = [], [] if args.no_run else [measure_speed()]
+    runs: list[ServerRun] = []
+    speeds = [] if args.no_run else [measure_speed()]  # the machine before the first server; after: below
     for label in labels:
         if not args.no_run:
             runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies_for(label)))
