@@ -20,7 +20,7 @@ class GatewayConfig:
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: str = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
-    http: str = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python, ~20% more CPU a token)
+    http: str = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: str = "info"  # debug, info, warning, error
 
     def __post_init__(self) -> None:

@@ -51,9 +51,9 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _header(runs: list[ServerRun], started: str, speeds: list[MachineSpeed]) -> str:
+def _header(runs: list[ServerRun], started: str, speeds: dict[str, MachineSpeed]) -> str:
     lines = [f"started {started}, finished {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, {_load()} at the end"]
-    lines += [f"  machine {when}: {speed.line()}" for when, speed in zip(("before", "after"), speeds, strict=False)]
+    lines += [f"  machine {when}: {speed.line()}" for when, speed in speeds.items()]
     for run in runs:
         status = run.error or ("failed points: " + ", ".join(run.failed_points) if run.failed_points else "ok")
         lines.append(f"  {run.label:<13} from {run.started_at}, {run.duration_s / 60:.1f} min, "
@@ -85,13 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                             args.build_jobs)  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
     runs: list[ServerRun] = []
-    speeds = [] if args.no_run else [measure_speed()]  # the machine before the first server; after: below
+    speeds = {} if args.no_run else {"before": measure_speed()}  # the machine before the first server
     for label in labels:
         if not args.no_run:
             runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies_for(label)))
         write_server_results(plan, label, plan.concurrencies_for(label), plot=not args.no_plot)
     if speeds:
-        speeds.append(measure_speed())
+        speeds["after"] = measure_speed()
         save_speeds(plan.out_dir / "machine-speed.json", speeds)
     header = _header(runs, started, speeds)
     if len(labels) > 1:

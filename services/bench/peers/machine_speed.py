@@ -66,7 +66,7 @@ def _gflops(a: torch.Tensor, b: torch.Tensor, threads: int) -> float:
     return 2 * a.shape[0] * a.shape[1] * b.shape[1] / statistics.median(times) / 1e9
 
 
-def save_speeds(path: Path, speeds: list[MachineSpeed]) -> None:
-    """Before and after, as JSON beside the results."""
+def save_speeds(path: Path, speeds: dict[str, MachineSpeed]) -> None:
+    """The probes by when they ran ("before", "after"), as JSON beside the results."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"before": speeds[0].to_dict(), "after": speeds[-1].to_dict()}, indent=2) + "\n")
+    path.write_text(json.dumps({when: speed.to_dict() for when, speed in speeds.items()}, indent=2) + "\n")

@@ -28,7 +28,7 @@ def test_line_and_json_carry_both_figures_and_the_scaling(tmp_path):
     before = MachineSpeed("2026-12-01 21:00:00 UTC", 2, 50.0, 72.5)
     after = MachineSpeed("2026-12-01 21:30:00 UTC", 2, 60.0, 120.0)
     assert before.line() == "fp32 GEMM 50 GFLOP/s on 1 thread, 72 on 2 (1.45x), at 2026-12-01 21:00:00 UTC"
-    save_speeds(tmp_path / "out" / "machine-speed.json", [before, after])
+    save_speeds(tmp_path / "out" / "machine-speed.json", {"before": before, "after": after})
     saved = json.loads((tmp_path / "out" / "machine-speed.json").read_text())
     assert saved["before"]["scaling"] == 1.45 and saved["after"]["gflops_all_threads"] == 120.0
 
