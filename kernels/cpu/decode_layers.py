@@ -20,7 +20,7 @@ INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kind
 
 class _Projection(ctypes.Structure):
     _fields_ = [("kind", _int), ("in_features", _int), ("out_features", _int), ("bits", _int),
-                ("tensors", _ptr * 6), ("bias", _ptr)]
+                ("tensors", _ptr * 3), ("bias", _ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -96,7 +96,7 @@ def _projection(p: Projection) -> _Projection:
         tensors = tuple(t for t in (w.values, w.scales, w.offsets) if t is not None)
     if p.bias is not None and (p.bias.dtype != torch.float32 or not p.bias.is_contiguous()):
         raise ValueError("projection biases must be contiguous fp32")
-    pointers = (_ptr * 6)(*(t.data_ptr() for t in tensors))
+    pointers = (_ptr * 3)(*(t.data_ptr() for t in tensors))
     return _Projection(kind, w.in_features, w.out_features, bits, pointers, 0 if p.bias is None else p.bias.data_ptr())
 
 

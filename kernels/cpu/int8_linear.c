@@ -19,9 +19,8 @@
  *
  * Layouts (contiguous): x [rows, in] fp32 (in % 32 == 0), bias [out] fp32 or NULL, y [rows, out] fp32; codes
  * [panels, in / 4, 32] uint8 for panels of PANEL = 16 columns: byte 4j + i of quad t holds column j's input 4t + i
- * in its low nibble and column j + 8's in its high one; scales and offsets [panels, in / 32, 16] fp32; and for the
- * outlier inputs the same weight transposed: column codes [in, padded out] uint8, column scales and offsets
- * [in / 32, padded out] fp32, out padded to whole panels.
+ * in its low nibble and column j + 8's in its high one; scales and offsets [panels, in / 32, 16] fp32 (out padded
+ * to whole panels with zero codes and scales).
  * Entry point: int8_linear_q4. Returns 0, 2 when out of memory. Needs AVX2 (the build fails without it).
  */
 #include <immintrin.h>
@@ -41,20 +40,20 @@
 #define ITEMS_PER_THREAD 4 /* panel chunks per block of rows and thread */
 #define QUANTIZE_ROWS 4
 #define OUTLIER 2.0f /* an input above this times the rest of its group stays in fp32 (quantize_row) */
+#define STRIP 64 /* output columns an outlier pass keeps in registers (add_outliers) */
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
     const uint8_t *codes; /* [panels, in / 4, 32] */
     const float *scales, *offsets; /* [panels, in / 32, 16] */
-    const uint8_t *column_codes; /* [in, padded out]: the transposed copy for outlier inputs */
-    const float *column_scales, *column_offsets; /* [in / 32, padded out] */
 } weights_t;
 
 typedef struct {
     int8_t *q; /* [rows, in] */
     float *scale, *sum; /* [rows, in / 32]: s, and s * (sum of the group's a) */
-    float *outlier; /* [rows, in / 32]: the group's outlier input (kept in fp32, 0 in q), or 0 */
-    uint8_t *outlier_at; /* [rows, in / 32]: its place in the group */
+    int32_t *outliers; /* [rows]: how many of the row's groups keep an input in fp32 (0 in q) */
+    int32_t *outlier_k; /* [rows, in / 32]: those inputs, in group order (the first outliers[r] of row r) */
+    float *outlier_v; /* [rows, in / 32]: their values */
 } quantized_t;
 
 INLINE float hmax(__m256 v) {
@@ -72,6 +71,7 @@ static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
     const __m256i low = _mm256_set1_epi32(-127), high = _mm256_set1_epi32(127);
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const int groups = in / GROUP;
+    int outliers = 0;
     for (int g = 0; g < groups; g++) {
         __m256 v[4], mag[4], m = _mm256_setzero_ps();
         for (int i = 0; i < 4; i++) { /* max in this order: NaN inputs then give what they always gave */
@@ -92,9 +92,9 @@ static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
             rest = _mm256_max_ps(rest, _mm256_andnot_ps(is_at[i], mag[i]));
         }
         const float second = hmax(rest);
-        float outlier = 0.0f;
         if (amax > OUTLIER * second) {
-            outlier = x[g * GROUP + at];
+            qx->outlier_k[r * groups + outliers] = g * GROUP + at;
+            qx->outlier_v[r * groups + outliers++] = x[g * GROUP + at];
             for (int i = 0; i < 4; i++) v[i] = _mm256_andnot_ps(is_at[i], v[i]);
             amax = second;
         }
@@ -114,9 +114,8 @@ static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
         const int side = r * groups + g;
         qx->scale[side] = amax / 127.0f;
         qx->sum[side] = qx->scale[side] * (float)_mm_cvtsi128_si32(t);
-        qx->outlier[side] = outlier;
-        qx->outlier_at[side] = (uint8_t)at;
     }
+    qx->outliers[r] = outliers;
 }
 
 /* One group of one panel against up to 6 rows, in registers: the 16-bit pair sums of row r's columns 0-7 and
@@ -193,49 +192,127 @@ static void tile(const quantized_t *x, int row0, int rows, const weights_t *wt, 
     }
 }
 
-/* Columns [col0, col1) of rows [first, last): y += each outlier input x its weight column (w = q * scale + offset,
- * exact in fp32), in group order. The columns come from the transposed copy: codes [in, padded out] uint8, scales
- * and offsets [in / 32, padded out] fp32 (padded to whole panels, so 8-column vectors stay inside). */
-static void add_outliers(const quantized_t *x, const weights_t *wt, float *y, int first, int last, int in, int out,
-                         int col0, int col1) {
-    const int groups = in / GROUP, padded = (out + PANEL - 1) / PANEL * PANEL, vec_end = col1 < out ? col1 : out;
+/* The outliers of one block of rows by channel: the distinct inputs that hold one (`channels` [count]), and the
+ * slot (index into channels) of each of the block's outlier entries (`slots`, laid out as quantized_t's). */
+typedef struct {
+    int count;
+    int32_t *channels, *slots;
+} outliers_t;
+
+/* Rows [first, last)'s outliers into `o`, with `slot_of` [in] all -1 on entry and on return. */
+static void gather_outliers(const quantized_t *x, int first, int last, int groups, int32_t *slot_of, outliers_t *o) {
+    o->count = 0;
     for (int r = first; r < last; r++)
-        for (int g = 0; g < groups; g++) {
-            const float v = x->outlier[r * groups + g];
-            if (v == 0.0f) continue;
-            const int k = g * GROUP + x->outlier_at[r * groups + g];
-            const uint8_t *q = wt->column_codes + (int64_t)k * padded;
-            const float *sc = wt->column_scales + (int64_t)g * padded, *of = wt->column_offsets + (int64_t)g * padded;
-            float *dst = y + (int64_t)r * out;
-            int c = col0;
-            for (; c + 8 <= vec_end; c += 8) {
-                __m256 codes = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + c))));
-                __m256 w = _mm256_fmadd_ps(codes, _mm256_loadu_ps(sc + c), _mm256_loadu_ps(of + c));
-                _mm256_storeu_ps(dst + c, _mm256_fmadd_ps(_mm256_set1_ps(v), w, _mm256_loadu_ps(dst + c)));
+        for (int j = 0; j < x->outliers[r]; j++) {
+            const int k = x->outlier_k[r * groups + j];
+            if (slot_of[k] < 0) {
+                slot_of[k] = o->count;
+                o->channels[o->count++] = k;
             }
-            for (; c < vec_end; c++) dst[c] = fmaf(v, fmaf((float)q[c], sc[c], of[c]), dst[c]);
+            o->slots[(r - first) * groups + j] = slot_of[k];
         }
+    for (int u = 0; u < o->count; u++) slot_of[o->channels[u]] = -1;
 }
 
-int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, const float *offsets,
-                   const uint8_t *column_codes, const float *column_scales, const float *column_offsets,
-                   const float *bias, float *y, int rows, int in, int out, int num_threads) {
+/* w[u][0, width) = channel u's weights (q * scale + offset, exact in fp32) for columns [c0, c0 + width) (c0 at a
+ * panel's start), read from the panels the tiles have just streamed: input k's codes for a panel's 16 columns
+ * are byte k % 4 of each 4-byte lane of quad k / 4 (low nibble: columns 0-7, high: 8-15). Whole panels are
+ * written (w has STRIP columns a slot). */
+static void dequantize_strip(const weights_t *wt, const outliers_t *o, int in, int c0, int width, float *w) {
+    const int groups = in / GROUP;
+    const __m256i nibble = _mm256_set1_epi32(0x0F);
+    for (int u = 0; u < o->count; u++) {
+        const int k = o->channels[u];
+        const __m128i shift = _mm_cvtsi32_si128(8 * (k % 4));
+        for (int c = 0; c < width; c += PANEL) {
+            const int64_t p = (c0 + c) / PANEL;
+            const __m256i quad = _mm256_loadu_si256((const __m256i *)(wt->codes + (p * (in / 4) + k / 4) * 32));
+            const __m256i lanes = _mm256_srl_epi32(quad, shift);
+            const float *sc = wt->scales + (p * groups + k / GROUP) * PANEL;
+            const float *of = wt->offsets + (p * groups + k / GROUP) * PANEL;
+            const __m256 low = _mm256_cvtepi32_ps(_mm256_and_si256(lanes, nibble));
+            const __m256 high = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(lanes, 4), nibble));
+            _mm256_storeu_ps(w + u * STRIP + c, _mm256_fmadd_ps(low, _mm256_loadu_ps(sc), _mm256_loadu_ps(of)));
+            _mm256_storeu_ps(w + u * STRIP + c + 8,
+                             _mm256_fmadd_ps(high, _mm256_loadu_ps(sc + 8), _mm256_loadu_ps(of + 8)));
+        }
+    }
+}
+
+/* dst[0, width) += each outlier value x its channel's strip, in order: whole strips in registers. */
+INLINE void add_row_strip(float *dst, const float *w, const int32_t *slots, const float *values, int n, int width) {
+    if (width == STRIP) {
+        __m256 acc[STRIP / 8];
+        for (int i = 0; i < STRIP / 8; i++) acc[i] = _mm256_loadu_ps(dst + 8 * i);
+        for (int j = 0; j < n; j++) {
+            const __m256 v = _mm256_set1_ps(values[j]);
+            const float *src = w + slots[j] * STRIP;
+            for (int i = 0; i < STRIP / 8; i++) acc[i] = _mm256_fmadd_ps(v, _mm256_loadu_ps(src + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < STRIP / 8; i++) _mm256_storeu_ps(dst + 8 * i, acc[i]);
+        return;
+    }
+    for (int j = 0; j < n; j++) {
+        const float *src = w + slots[j] * STRIP;
+        int c = 0;
+        for (; c + 8 <= width; c += 8)
+            _mm256_storeu_ps(dst + c, _mm256_fmadd_ps(_mm256_set1_ps(values[j]), _mm256_loadu_ps(src + c),
+                                                      _mm256_loadu_ps(dst + c)));
+        for (; c < width; c++) dst[c] = fmaf(values[j], src[c], dst[c]);
+    }
+}
+
+/* Columns [col0, col1) of rows [first, last): y += each outlier input x its weight column, in group order per row
+ * (the same fused multiply-adds on the same values whatever the grouping below). The default model's outliers sit
+ * in few channels (a 96-row block of its 576-input layers: about 320 outliers in 26 channels), so each channel's
+ * weights are dequantized once per strip of STRIP columns, and a row's strip of y stays in registers across its
+ * outliers. Returns 2 when out of memory. */
+static int add_outliers(const quantized_t *x, const weights_t *wt, float *y, int first, int last, int in, int out,
+                        int col0, int col1) {
+    const int groups = in / GROUP, rows = last - first, end = col1 < out ? col1 : out;
+    int total = 0;
+    for (int r = first; r < last; r++) total += x->outliers[r];
+    if (!total) return 0;
+    int32_t *ints = malloc(sizeof(int32_t) * ((size_t)in + total + (size_t)rows * groups));
+    if (!ints) return 2;
+    int32_t *slot_of = ints;
+    outliers_t o = {0, ints + in, ints + in + total};
+    for (int k = 0; k < in; k++) slot_of[k] = -1;
+    gather_outliers(x, first, last, groups, slot_of, &o);
+    float *w = malloc(sizeof(float) * STRIP * (size_t)o.count);
+    for (int c0 = col0; w && c0 < end; c0 += STRIP) {
+        const int width = end - c0 < STRIP ? end - c0 : STRIP;
+        dequantize_strip(wt, &o, in, c0, width, w);
+        for (int r = first; r < last; r++)
+            add_row_strip(y + (int64_t)r * out + c0, w, o.slots + (r - first) * groups, x->outlier_v + r * groups,
+                          x->outliers[r], width);
+    }
+    const int failed = !w;
+    free(ints);
+    free(w);
+    return failed ? 2 : 0;
+}
+
+int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, const float *offsets, const float *bias,
+                   float *y, int rows, int in, int out, int num_threads) {
     const int groups = in / GROUP, panels = (out + PANEL - 1) / PANEL;
-    const weights_t wt = {codes, scales, offsets, column_codes, column_scales, column_offsets};
+    const weights_t wt = {codes, scales, offsets};
     const size_t sides = (size_t)rows * groups;
-    int8_t *q = malloc((size_t)rows * in + sides + 64);
-    float *side = malloc(sizeof(float) * 3 * sides + 64);
+    int8_t *q = malloc((size_t)rows * in + 64);
+    float *side = malloc(sizeof(float) * (4 * sides + rows) + 64); /* scale, sum, outlier_v, outlier_k, outliers */
     if (!q || !side) {
         free(q);
         free(side);
         return 2;
     }
-    const quantized_t qx = {q, side, side + sides, side + 2 * sides, (uint8_t *)q + (size_t)rows * in};
+    int32_t *ints = (int32_t *)(side + 3 * sides);
+    const quantized_t qx = {q, side, side + sides, ints + sides, ints, side + 2 * sides};
     /* Work items of BLOCK_ROWS rows x `chunk` panels, handed out as threads come free: a thread that the OS
      * preempts (the gateway and scheduler share these cores) holds up one item, not a fixed half of the work. */
     const int threads = num_threads > 0 ? num_threads : 1, per_thread = ITEMS_PER_THREAD * threads;
     const int chunk = (panels + per_thread - 1) / per_thread, chunks = (panels + chunk - 1) / chunk;
     const int items = (rows + BLOCK_ROWS - 1) / BLOCK_ROWS * chunks;
+    int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
 #pragma omp for schedule(dynamic, QUANTIZE_ROWS)
@@ -249,10 +326,13 @@ int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, co
             for (int r = first; r < last; r += TILE_ROWS)
                 for (int p = p0; p < p1; p++)
                     tile(&qx, r, last - r < TILE_ROWS ? last - r : TILE_ROWS, &wt, bias, y, in, out, p);
-            add_outliers(&qx, &wt, y, first, last, in, out, p0 * PANEL, p1 * PANEL);
+            if (add_outliers(&qx, &wt, y, first, last, in, out, p0 * PANEL, p1 * PANEL)) {
+#pragma omp atomic write
+                failed = 1;
+            }
         }
     }
     free(q);
     free(side);
-    return 0;
+    return failed ? 2 : 0;
 }

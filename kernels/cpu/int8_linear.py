@@ -13,27 +13,23 @@ from kernels.cpu.packed_linear import PANEL as PANEL  # int8_linear.c pads to th
 from kernels.cpu.packed_linear import checked_io, padded_rows, to_panels
 from kernels.cpu.weight_grid import GROUP, WeightGrid
 
-_ARGTYPES = [ctypes.c_void_p] * 9 + [ctypes.c_int] * 4
+_ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 4
 
 
 @dataclass(frozen=True)
 class Int8Weight:
     """A 4-bit grid weight [out, in] in panels of 16 output columns: codes [panels, in / 4, 32] uint8 (byte 4j + i
     of quad t: column j's input 4t + i in the low nibble, column j + 8's in the high one), scales and offsets
-    [panels, in / 32, 16] fp32; and transposed, for the inputs kept in fp32 (outliers): column codes [in, padded
-    out] uint8, column scales and offsets [in / 32, padded out] fp32."""
+    [panels, in / 32, 16] fp32. The kernel reads the inputs it keeps in fp32 (outliers) from the same panels."""
 
     out_features: int
     in_features: int
     codes: torch.Tensor
     scales: torch.Tensor
     offsets: torch.Tensor
-    column_codes: torch.Tensor
-    column_scales: torch.Tensor
-    column_offsets: torch.Tensor
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return (self.codes, self.scales, self.offsets, self.column_codes, self.column_scales, self.column_offsets)
+        return (self.codes, self.scales, self.offsets)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
@@ -47,9 +43,8 @@ def pack_grid(grid: WeightGrid) -> Int8Weight:
     codes = padded_rows(grid.codes).view(-1, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
     panels = codes.shape[0]
     nibbles = (codes[..., 0] | (codes[..., 1] << 4)).reshape(panels, in_features // 4, 32)
-    columns = [padded_rows(t).T.contiguous() for t in (grid.codes, grid.scales, grid.offsets)]
     return Int8Weight(out_features, in_features, nibbles.contiguous(), to_panels(grid.scales),
-                      to_panels(grid.offsets), *columns)
+                      to_panels(grid.offsets))
 
 
 def supports(grid: WeightGrid | None) -> bool:

@@ -52,8 +52,8 @@ def _grid(out_features: int, in_features: int) -> tuple[torch.Tensor, WeightGrid
 
 
 def test_packing_layout() -> None:
-    """Byte 4j + i of quad t holds column j's input 4t + i (low nibble) and column j + 8's (high); the transposed
-    copy for outliers is the grid itself, padded to whole panels."""
+    """Byte 4j + i of quad t holds column j's input 4t + i (low nibble) and column j + 8's (high); columns past the
+    last are zero codes with zero scales."""
     _, grid = _grid(30, 64)
     packed = pack_grid(grid)
     assert packed.codes.shape == (2, 16, 32) and packed.codes.dtype == torch.uint8
@@ -61,8 +61,7 @@ def test_packing_layout() -> None:
     k, j = 41, 3  # quad 10, place 1; panel 1 holds columns 16-31
     assert packed.codes[1, k // 4, 4 * j + k % 4] == grid.codes[PANEL + j, k] | (grid.codes[PANEL + 8 + j, k] << 4)
     assert packed.scales[1, k // 32, 9] == grid.scales[PANEL + 9, k // 32]
-    assert packed.column_codes.shape == (64, 32) and torch.equal(packed.column_codes[:, :30], grid.codes.T)
-    assert torch.equal(packed.column_offsets[:, :30], grid.offsets.T) and not packed.column_scales[:, 30:].any()
+    assert not packed.scales[1, :, 14:].any() and not packed.offsets[1, :, 14:].any()  # columns 30, 31
     assert torch.equal(packed.codes[1, :, 4 * 6:] >> 4, torch.zeros(16, 8, dtype=torch.uint8))  # columns 30, 31
 
 
@@ -96,6 +95,27 @@ def test_an_outlier_input_does_not_zero_its_group() -> None:
     exact = x.double() @ weight.double().T
     assert (out.double() - exact).norm() < 0.01 * exact.norm()
     torch.testing.assert_close(out.double(), reference(x, grid), atol=1e-3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outliers_in_many_channels_over_whole_and_partial_strips(threads: int) -> None:
+    """Every group of every row keeps an outlier, in channels that some rows share and some do not, through 1,000
+    columns: whole 64-column strips of the outlier pass and a partial last one (and a partial last panel)."""
+    weight, grid = _grid(1000, 128)
+    torch.manual_seed(11)
+    x = torch.randn(100, 128)
+    rows, groups = torch.arange(100)[:, None], torch.arange(4)[None, :]
+    x[rows, groups * 32 + (rows % 5 * 7 + groups * 3) % 32] = 60.0 * torch.where(rows % 2 == 0, 1.0, -1.0)
+    assert quantized_rows(x)[2].ne(0).all()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = Int8Linear()(x, pack_grid(grid), None)
+    finally:
+        torch.set_num_threads(previous)
+    torch.testing.assert_close(out.double(), reference(x, grid), atol=1e-3, rtol=1e-5)
+    exact = x.double() @ weight.double().T
+    assert (out.double() - exact).norm() < 0.01 * exact.norm()
 
 
 def test_each_row_is_the_same_whatever_the_row_count() -> None:
