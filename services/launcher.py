@@ -20,7 +20,8 @@ from typing import IO
 
 import httpx
 
-from shared.cli_config import parse_config
+from shared.cli_config import check_choices, parse_config
+from shared.log_setup import LogLevel
 
 _PR_SET_PDEATHSIG = 1
 
@@ -37,7 +38,10 @@ class ServeConfig:
     kv_cache_memory_bytes: int = 4 * 1024**3  # the worker's KV pool on CPU (on GPU a memory fraction applies)
     startup_timeout_s: float = 600.0  # give up when the gateway is not healthy by then
     stop_timeout_s: float = 15.0  # per service, before SIGKILL
-    log_level: str = "info"  # debug, info, warning, error
+    log_level: LogLevel = "info"  # debug, info, warning, error
+
+    def __post_init__(self) -> None:
+        check_choices(self)
 
 
 @dataclass

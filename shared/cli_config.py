@@ -4,13 +4,15 @@ Field `kv_cache_memory_bytes` becomes `--kv-cache-memory-bytes` and `PAGEDSERVE_
 beats the environment, which beats the field default. Nested dataclass fields are flattened (their field names
 must not collide). Help text comes from `field(metadata={"help": ...})` or else the field's trailing `# comment`.
 Fields ending in `_bytes` accept sizes like `512MiB` or `2GiB`, and their flag also answers without the unit
-(`--kv-cache-memory 2GiB`).
+(`--kv-cache-memory 2GiB`). A `Literal["a", "b"]` field takes one of its names and refuses others, from a flag or
+the environment alike; `check_choices` in a config's `__post_init__` holds configs built in code to the same.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -70,8 +72,8 @@ def _leaf_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
     return leaves
 
 
-def _scalar_type(hint: Any) -> tuple[type, bool]:
-    """(int | float | str | bool, optional) of a field type such as `int | None`."""
+def _unwrapped(hint: Any) -> tuple[Any, bool]:
+    """(the type inside, optional) of a field type such as `int | None`."""
     args = typing.get_args(hint)
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
@@ -81,11 +83,49 @@ def _scalar_type(hint: Any) -> tuple[type, bool]:
     return hint, False
 
 
+def choices(hint: Any) -> tuple[str, ...] | None:
+    """The names of a `Literal["a", "b"]` field type (optional or not); None for any other type."""
+    inner = _unwrapped(hint)[0]
+    if typing.get_origin(inner) is not typing.Literal:
+        return None
+    names = typing.get_args(inner)
+    if not all(isinstance(name, str) for name in names):
+        raise TypeError(f"config Literal fields take strings, not {inner}")
+    return names
+
+
+def _scalar_type(hint: Any) -> tuple[type, bool]:
+    """(int | float | str | bool, optional) of a field type; a Literal of names is a str."""
+    inner, optional = _unwrapped(hint)
+    return (str if choices(hint) else inner), optional
+
+
+def _not_one_of(names: tuple[str, ...], value: Any) -> str:
+    return f"expected one of {', '.join(names)}, got {value!r}"
+
+
+def _one_of(names: tuple[str, ...], text: str) -> str:
+    if text not in names:
+        raise ConfigError(_not_one_of(names, text))
+    return text
+
+
+def check_choices(config: Any) -> None:
+    """A ValueError naming the field when a Literal field of the dataclass `config` holds another value."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        names, value = choices(hints[f.name]), getattr(config, f.name)
+        if names and value not in names and not (value is None and _unwrapped(hints[f.name])[1]):
+            raise ValueError(f"{f.name}: {_not_one_of(names, value)}")
+
+
 def _converter(name: str, hint: Any):
     scalar, optional = _scalar_type(hint)
     if scalar not in (int, float, str, bool):
         raise TypeError(f"config field {name}: unsupported type {hint}")
+    names = choices(hint)
     base = parse_bool if scalar is bool else parse_size_bytes if name.endswith("_bytes") and scalar is int else scalar
+    base = functools.partial(_one_of, names) if names else base
 
     def convert(text: str):
         if optional and text.strip().lower() in ("", "none"):
@@ -118,6 +158,9 @@ def _help(cls: type) -> dict[str, str]:
 
 
 def _metavar(name: str, hint: Any) -> str:
+    names = choices(hint)
+    if names:
+        return "{" + ",".join(names) + "}"
     scalar = _scalar_type(hint)[0]
     return "SIZE" if name.endswith("_bytes") and scalar is int else scalar.__name__.upper()
 

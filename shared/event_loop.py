@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
-LOOPS = ("uvloop", "asyncio")
+Loop = Literal["uvloop", "asyncio"]
+LOOPS = get_args(Loop)
 T = TypeVar("T")
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
+LogLevel = Literal["debug", "info", "warning", "error"]
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from shared.event_loop import check_loop
+from shared.cli_config import check_choices
+from shared.event_loop import Loop
+from shared.log_setup import LogLevel
 
-HTTP_PARSERS = ("httptools", "h11")
+HttpParser = Literal["httptools", "h11"]
 
 
 @dataclass(frozen=True)
@@ -19,11 +22,9 @@ class GatewayConfig:
     max_num_choices: int = 16  # upper bound on `n` (each choice is one scheduler request)
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
-    loop: str = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
-    http: str = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
-    log_level: str = "info"  # debug, info, warning, error
+    loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
+    http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
+    log_level: LogLevel = "info"  # debug, info, warning, error
 
     def __post_init__(self) -> None:
-        check_loop(self.loop)
-        if self.http not in HTTP_PARSERS:
-            raise ValueError(f"unknown HTTP parser {self.http!r}: expected one of {', '.join(HTTP_PARSERS)}")
+        check_choices(self)

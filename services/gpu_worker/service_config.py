@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.gpu_worker.worker_config import WorkerConfig
+from shared.cli_config import check_choices
+from shared.log_setup import LogLevel
 
 
 @dataclass(frozen=True)
@@ -13,4 +15,7 @@ class WorkerServiceConfig:
     worker_host: str = "127.0.0.1"  # interface the worker's gRPC server binds
     worker_port: int = 50061  # the worker's gRPC port (the scheduler's --worker-address points here)
     grace_period_s: float = 5.0  # on SIGTERM, how long a running step may take to finish
-    log_level: str = "info"  # debug, info, warning, error
+    log_level: LogLevel = "info"  # debug, info, warning, error
+
+    def __post_init__(self) -> None:
+        check_choices(self)

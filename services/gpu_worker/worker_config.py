@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+from shared.cli_config import check_choices
+
+DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+AttentionBackendName = Literal["auto", "torch", "triton"]
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     model_dir: str
     model_name: str | None = None  # served name; defaults to the folder name
-    dtype: str = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
+    dtype: DtypeName = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     block_size: int = 16
-    kv_cache_dtype: str = "auto"  # auto (float16 for fp32 models on CPU, else the model's), float32, bfloat16, float16
+    kv_cache_dtype: DtypeName = "auto"  # auto (float16 for fp32 models on CPU, else the model's), or a dtype
     kv_cache_memory_bytes: int = 4 * 1024**3  # CPU budget for the KV pool (SmolLM2-135M with fp16 KV: 186k tokens)
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool
-    attention_backend: str = "auto"  # auto, torch, triton
+    attention_backend: AttentionBackendName = "auto"  # auto, torch, triton
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     torch_compile: bool = True  # CPU: torch.compile decode attention and one-row matmuls (needs a C++ compiler)
     native_kernels: bool = True  # CPU: C kernels of kernels/cpu (decode attention, few-row linears), built at start
     int8_activations: bool = True  # CPU, fp32: 4-bit grid weights (GGUF Q4_1-like) multiply int8-quantized inputs
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+
+    def __post_init__(self) -> None:
+        check_choices(self)

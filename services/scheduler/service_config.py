@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from services.scheduler.redis_state import RedisStateConfig
 from services.scheduler.scheduler_config import SchedulerConfig
-from shared.event_loop import check_loop
+from shared.cli_config import check_choices
+from shared.event_loop import Loop
+from shared.log_setup import LogLevel
 
 
 @dataclass(frozen=True)
@@ -19,8 +21,8 @@ class SchedulerServiceConfig:
     instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
     worker_step_timeout_s: float = 300.0  # a step slower than this counts as a lost worker
     grace_period_s: float = 5.0  # on SIGTERM, how long streams in flight may take to finish
-    loop: str = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
-    log_level: str = "info"  # debug, info, warning, error
+    loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
+    log_level: LogLevel = "info"  # debug, info, warning, error
 
     def __post_init__(self) -> None:
-        check_loop(self.loop)
+        check_choices(self)

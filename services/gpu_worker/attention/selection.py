@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import get_args
 
 import torch
 
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from services.gpu_worker.worker_config import AttentionBackendName
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+BACKEND_NAMES = get_args(AttentionBackendName)
 
 
 def select_backend(name: str, shape: AttentionShape, device: torch.device, compile_decode: bool = False,

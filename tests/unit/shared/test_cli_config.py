@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 
-from shared.cli_config import ConfigError, add_config_arguments, config_from_args, parse_size_bytes
+from shared.cli_config import (
+    ConfigError,
+    add_config_arguments,
+    check_choices,
+    config_from_args,
+    parse_config,
+    parse_size_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -77,3 +85,35 @@ def test_help_comes_from_comments_and_metadata():
 def test_size_flags_also_answer_without_the_unit():
     assert parse(["--model-dir", "m", "--cache", "512MiB"]).inner.cache_bytes == 512 * 1024**2
     assert parse(["--model-dir", "m", "--cache-bytes", "1KiB"]).inner.cache_bytes == 1024
+
+
+@dataclass(frozen=True)
+class Named:
+    mode: Literal["fast", "exact"] = "fast"  # how to run
+    backend: Literal["a", "b"] | None = None
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+
+
+def test_literal_fields_take_their_names_from_flags_and_env():
+    assert parse_config(Named, ["--mode", "exact", "--backend", "b"], "") == Named("exact", "b")
+    assert parse_config(Named, ["--backend", "none"], "").backend is None
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, Named)
+    assert config_from_args(Named, parser.parse_args([]), {"PAGEDSERVE_MODE": "exact"}).mode == "exact"
+    assert "--mode {fast,exact}" in " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize(("argv", "environ"), [(["--mode", "quick"], {}), ([], {"PAGEDSERVE_MODE": "quick"})])
+def test_literal_fields_refuse_other_names(argv, environ):
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, Named)
+    with pytest.raises(ConfigError, match="--mode: expected one of fast, exact, got 'quick'"):
+        config_from_args(Named, parser.parse_args(argv), environ)
+
+
+def test_check_choices_holds_configs_built_in_code():
+    assert Named("exact", None).mode == "exact"
+    with pytest.raises(ValueError, match="backend: expected one of a, b, got 'c'"):
+        Named("fast", "c")  # type: ignore[arg-type]
