@@ -115,7 +115,9 @@ def check_choices(config: Any) -> None:
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         names, value = choices(hints[f.name]), getattr(config, f.name)
-        if names and value not in names and not (value is None and _unwrapped(hints[f.name])[1]):
+        if not names or value in names:
+            continue
+        if value is not None or not _unwrapped(hints[f.name])[1]:  # None stays allowed where the field is optional
             raise ValueError(f"{f.name}: {_not_one_of(names, value)}")
 
 
@@ -124,8 +126,12 @@ def _converter(name: str, hint: Any):
     if scalar not in (int, float, str, bool):
         raise TypeError(f"config field {name}: unsupported type {hint}")
     names = choices(hint)
-    base = parse_bool if scalar is bool else parse_size_bytes if name.endswith("_bytes") and scalar is int else scalar
-    base = functools.partial(_one_of, names) if names else base
+    if names:
+        base = functools.partial(_one_of, names)
+    elif scalar is bool:
+        base = parse_bool
+    else:
+        base = parse_size_bytes if name.endswith("_bytes") and scalar is int else scalar
 
     def convert(text: str):
         if optional and text.strip().lower() in ("", "none"):
