@@ -39,7 +39,9 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.dtype)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Keys and values of every row go to the cache; the output projection runs on `keep_rows` (None: all)."""
         c = self.config
         qkv = self.proj(hidden, self.qkv_proj)
         q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
@@ -53,8 +55,8 @@ class Attention(nn.Module):
             self.fused.rotary_(k, *rope)
         else:
             q, k = apply_rotary(q, k, *rope)
-        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
-        return self.proj(out.reshape(-1, c.q_size), self.o_proj)
+        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta).reshape(-1, c.q_size)
+        return self.proj(out if keep_rows is None else out[keep_rows], self.o_proj)
 
 
 class MLP(nn.Module):
@@ -83,9 +85,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config, proj)
 
     def forward(self, hidden: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for `keep_rows` of `hidden` (None: all); every row's keys and values are cached."""
         # forward() directly on the per-layer path: no hooks are used, and Module.__call__ costs a few µs a call
-        attn = self.self_attn.forward(self.input_layernorm.forward(hidden), rope, kv_cache, meta)
+        attn = self.self_attn.forward(self.input_layernorm.forward(hidden), rope, kv_cache, meta, keep_rows)
+        if keep_rows is not None:
+            hidden = hidden[keep_rows]
         normed = self.post_attention_layernorm.forward(attn, residual=hidden)  # hidden += attn, in place
         return hidden + self.mlp.forward(normed)
 
@@ -108,15 +114,23 @@ class DecoderLM(nn.Module):
         self.decode_layers: DecodeLayers | None = None  # every layer in one C call (CPU; fused_decode.py)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Final hidden states of `keep_rows` (None: every row). The last layer computes the rest only as far as
+        its keys and values: a prompt chunk's rows before its last need no output projection or MLP there."""
         self.proj.decode_step = meta.num_decodes == meta.num_requests
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
         fused = self.decode_layers
         if fused is not None and self.proj.decode_step and kv_caches[0][0].data_ptr() == fused.cache_ptr:
-            return self.norm(fused(hidden, *rope, meta.slot_mapping, meta.block_tables, meta.seq_lens))
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer.forward(hidden, rope, kv_cache, meta)  # see DecoderLayer.forward
+            hidden = self.norm(fused(hidden, *rope, meta.slot_mapping, meta.block_tables, meta.seq_lens))
+            return hidden if keep_rows is None else hidden[keep_rows]
+        if keep_rows is not None and len(keep_rows) == len(token_ids):
+            keep_rows = None  # every row: no copy
+        last = len(self.layers) - 1
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            hidden = layer.forward(hidden, rope, kv_cache, meta, keep_rows if i == last else None)  # see
+            # DecoderLayer.forward
         return self.norm(hidden)
 
     def use_fused_ops(self, ops: FusedOps) -> None:

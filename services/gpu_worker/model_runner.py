@@ -84,10 +84,10 @@ class ModelRunner:
         """Compute the scheduled tokens of each request; sample for those that reach their last known token."""
         start_ns = time.perf_counter_ns()
         batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device)
-        hidden = self.model(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta)
+        hidden = self.model(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
         output = StepOutput()
         if batch.sample_indices:
-            output = self._sample(batch, self.model.compute_logits(hidden[batch.logits_rows]))
+            output = self._sample(batch, self.model.compute_logits(hidden))
         for request, n in zip(batch.requests, batch.num_scheduled, strict=True):
             request.num_computed_tokens += n
         output.forward_time_ns = time.perf_counter_ns() - start_ns
