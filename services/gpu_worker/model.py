@@ -121,17 +121,16 @@ class DecoderLM(nn.Module):
         self.proj.decode_step = meta.num_decodes == meta.num_requests
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
+        if keep_rows is not None and len(keep_rows) == len(token_ids):
+            keep_rows = None  # every row (each request computes one token and samples it): no copy
         fused = self.decode_layers
         if fused is not None and self.proj.decode_step and kv_caches[0][0].data_ptr() == fused.cache_ptr:
             hidden = self.norm(fused(hidden, *rope, meta.slot_mapping, meta.block_tables, meta.seq_lens))
             return hidden if keep_rows is None else hidden[keep_rows]
-        if keep_rows is not None and len(keep_rows) == len(token_ids):
-            keep_rows = None  # every row: no copy
-        last = len(self.layers) - 1
-        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            hidden = layer.forward(hidden, rope, kv_cache, meta, keep_rows if i == last else None)  # see
-            # DecoderLayer.forward
-        return self.norm(hidden)
+        *body, last = zip(self.layers, kv_caches, strict=True)
+        for layer, kv_cache in body:
+            hidden = layer.forward(hidden, rope, kv_cache, meta)  # see DecoderLayer.forward
+        return self.norm(last[0].forward(hidden, rope, last[1], meta, keep_rows))
 
     def use_fused_ops(self, ops: FusedOps) -> None:
         """Run norms, residual adds, rotary and SiLU-and-multiply in the C kernels (CPU; where shapes allow)."""
