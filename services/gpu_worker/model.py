@@ -116,13 +116,14 @@ class DecoderLM(nn.Module):
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 keep_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Final hidden states of `keep_rows` (None: every row). The last layer computes the rest only as far as
-        its keys and values: a prompt chunk's rows before its last need no output projection or MLP there."""
+        """Final hidden states of `keep_rows` (increasing row indices; None: every row). The last layer computes the
+        other rows only as far as their keys and values: a prompt's rows before its last need no output projection
+        or MLP there."""
         self.proj.decode_step = meta.num_decodes == meta.num_requests
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
         if keep_rows is not None and len(keep_rows) == len(token_ids):
-            keep_rows = None  # every row (each request computes one token and samples it): no copy
+            keep_rows = None  # every row, in order (each request computes one token and samples it): no copy
         fused = self.decode_layers
         if fused is not None and self.proj.decode_step and kv_caches[0][0].data_ptr() == fused.cache_ptr:
             hidden = self.norm(fused(hidden, *rope, meta.slot_mapping, meta.block_tables, meta.seq_lens))
