@@ -63,6 +63,19 @@ def test_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size,
     torch.testing.assert_close(out.double(), _reference(*step, 0.125, window), atol=TOLERANCE[dtype], rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tail_chunk_gives_the_whole_prompts_numbers(dtype) -> None:
+    """The last 40 tokens of a 150-token prompt as a chunk over the 110 before them (a prefix-cache hit) give the
+    same outputs, bit for bit, as the whole prompt: a row's sums do not depend on the chunking or the row tasks
+    (on AVX512-BF16 machines this is the bf16 pair path, whose key pairs sit at fixed positions)."""
+    query, key_cache, value_cache, tables, _, lens = _step(dtype, 9, 3, 64, 16, [150], [150], seed=5)
+    whole = NativePagedPrefill()(query, key_cache, value_cache, tables, torch.tensor([0, 150], dtype=torch.int32),
+                                 lens, 0.125, 0)
+    tail = NativePagedPrefill()(query[110:], key_cache, value_cache, tables, torch.tensor([0, 40], dtype=torch.int32),
+                                lens, 0.125, 0)
+    assert torch.equal(tail, whole[110:])
+
+
 @pytest.mark.parametrize("window", [0, 20])
 def test_fp16_cache_under_fp32_queries(window: int) -> None:
     """An fp16 cache with fp32 queries and outputs: pieces widened to fp32, the same numbers as fp32 caches holding
