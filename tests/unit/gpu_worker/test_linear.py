@@ -17,6 +17,7 @@ from kernels.cpu.build import KernelBuildError
 from kernels.cpu.int8_linear import pack_grid
 from kernels.cpu.packed_linear import pack_weight
 from kernels.cpu.weight_grid import find_grid
+from services.gpu_worker.layers import prepacked
 from services.gpu_worker.layers.linear import Projector
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
@@ -111,7 +112,8 @@ def test_int8_falls_back_to_the_packed_codes(monkeypatch, caplog) -> None:
         _check(proj, coded, 2, 1e-4)
 
 
-def test_few_16_bit_rows_go_through_the_c_kernel() -> None:
+def test_few_16_bit_rows_go_through_the_c_kernel(monkeypatch) -> None:
+    monkeypatch.setattr(prepacked, "supported", lambda weight: False)  # the C kernel for every few-row count
     torch.manual_seed(1)
     layer = nn.Linear(96, 40, dtype=torch.bfloat16).requires_grad_(False)
     atol = 3e-2
@@ -164,3 +166,41 @@ def test_tied_embedding_head() -> None:
         with torch.inference_mode():
             hidden = torch.randn(1, 16)
             torch.testing.assert_close(proj(hidden, embedding), hidden @ embedding.weight.T, atol=1e-5, rtol=0)
+
+
+def test_bf16_decode_steps_of_more_than_four_rows_use_prepacked_weights_on_fast_bf16_cpus() -> None:
+    """Where the CPU has fast bf16, bf16 weights are prepacked for oneDNN and serve decode steps of 5+ rows (1-4:
+    the C kernel); elsewhere nothing is prepacked. Either way every path equals F.linear within bf16 rounding."""
+    torch.manual_seed(2)
+    layer = nn.Linear(96, 40, dtype=torch.bfloat16).requires_grad_(False)
+    proj = Projector(compile_single_row=False, native_rows=True)
+    proj.warm_up([layer])
+    assert proj.small_rows is not None
+    if not prepacked.supported(layer.weight):
+        assert not proj.prepacked
+        return
+    assert set(proj.prepacked) == {layer}
+    proj.decode_step = True
+    small, calls = proj.small_rows, []
+    proj.small_rows = lambda *args: calls.append(len(args[0])) or small(*args)
+    with torch.inference_mode():
+        for rows in (1, 4, 5, 8, 64):
+            _check(proj, layer, rows, 3e-2)
+        assert calls == [1, 4]  # 5 and more rows: the prepacked weight
+        proj.decode_step = False  # prompt chunks: F.linear, bit for bit
+        x = torch.randn(8, 96, dtype=torch.bfloat16)
+        assert torch.equal(proj(x, layer), F.linear(x, layer.weight, layer.bias))
+
+
+def test_prepacked_weights_give_the_same_numbers_at_every_row_count() -> None:
+    """A decode row's outputs do not depend on how many other rows share the step."""
+    torch.manual_seed(3)
+    weight = torch.randn(200, 576, dtype=torch.bfloat16)
+    if not prepacked.supported(weight):
+        assert not prepacked.supported(weight.float())  # fp32 weights never take this path
+        return
+    packed = prepacked.tried(weight)
+    x = torch.randn(64, 576, dtype=torch.bfloat16)
+    together = prepacked.prepacked_linear(x, packed, None)
+    for rows in (5, 9, 33):
+        assert torch.equal(prepacked.prepacked_linear(x[:rows], packed, None), together[:rows])
