@@ -111,37 +111,33 @@ INLINE void tile(const float *const *rows, int k0, const float *b, int width, in
         for (int v = 0; v < vecs; v++) store_vec(c, (int64_t)k * width + v * LANES, acc[k][v], 0);
 }
 
-/* One tile of kk A rows (kk < TILE_A only in the last tile) by `vecs` row vectors, both as constants. */
-INLINE void tile_of(const float *const *rows, int k0, const float *b, int width, int depth, float *c, int accumulate,
-                    int kk, int vecs, int by_key) {
-#define TILE_ROWS_OF(K)                                                                                             \
-    case K:                                                                                                      \
-        if (vecs == 1) tile(rows, k0, b, width, depth, c, accumulate, K, 1, by_key);                              \
-        else tile(rows, k0, b, width, depth, c, accumulate, K, TILE_VECS, by_key);                                \
-        break;
-    switch (kk < TILE_A ? kk : TILE_A) {
-        TILE_ROWS_OF(1)
-        TILE_ROWS_OF(2)
-        TILE_ROWS_OF(3)
-        TILE_ROWS_OF(4)
-        TILE_ROWS_OF(5)
-    default:
-        if (vecs == 1) tile(rows, k0, b, width, depth, c, accumulate, TILE_A, 1, by_key);
-        else tile(rows, k0, b, width, depth, c, accumulate, TILE_A, TILE_VECS, by_key);
+/* For every tile of the product c [rows_a][width] (TILE_A rows of A by up to TILE_VECS row vectors, smaller at the
+ * ends): TILE(K, V), with k0 and r0 (the tile's first A row and row lane) in scope and K, V constants, so that
+ * each tile size is its own fully unrolled register tile (12 accumulators on AVX2). */
+#define TILE_OF_SIZE(TILE, K) \
+    if (vecs == 1) TILE(K, 1); \
+    else TILE(K, TILE_VECS)
+#define FOR_EACH_TILE(rows_a, width, TILE)                                                                    \
+    for (int r0 = 0; r0 < (width); r0 += TILE_VECS * LANES) {                                                 \
+        const int vecs = ((width) - r0) / LANES < TILE_VECS ? ((width) - r0) / LANES : TILE_VECS;             \
+        for (int k0 = 0; k0 < (rows_a); k0 += TILE_A) {                                                       \
+            switch ((rows_a) - k0 < TILE_A ? (rows_a) - k0 : TILE_A) {                                        \
+            case 1: TILE_OF_SIZE(TILE, 1); break;                                                             \
+            case 2: TILE_OF_SIZE(TILE, 2); break;                                                             \
+            case 3: TILE_OF_SIZE(TILE, 3); break;                                                             \
+            case 4: TILE_OF_SIZE(TILE, 4); break;                                                             \
+            case 5: TILE_OF_SIZE(TILE, 5); break;                                                             \
+            default: TILE_OF_SIZE(TILE, TILE_A);                                                              \
+            }                                                                                                 \
+        }                                                                                                     \
     }
-#undef TILE_ROWS_OF
-}
 
-/* c [rows_a][width] (+)= A [rows_a][depth] . b [depth][width] (A as in tile()), in tiles of TILE_A rows of A by up
- * to TILE_VECS row vectors (12 accumulators on AVX2), the last tile smaller when rows_a is not a multiple. */
+/* c [rows_a][width] (+)= A [rows_a][depth] . b [depth][width] (A as in tile()). */
 INLINE void product(const float *const *rows, int by_key, int rows_a, const float *b, int width, int depth, float *c,
                     int accumulate) {
-    for (int r0 = 0; r0 < width; r0 += TILE_VECS * LANES) {
-        const int vecs = (width - r0) / LANES < TILE_VECS ? (width - r0) / LANES : TILE_VECS;
-        for (int k0 = 0; k0 < rows_a; k0 += TILE_A)
-            tile_of(rows, k0, b + r0, width, depth, c + (int64_t)k0 * width + r0, accumulate, rows_a - k0, vecs,
-                    by_key);
-    }
+#define FP32_TILE(K, V) tile(rows, k0, b + r0, width, depth, c + (int64_t)k0 * width + r0, accumulate, K, V, by_key)
+    FOR_EACH_TILE(rows_a, width, FP32_TILE)
+#undef FP32_TILE
 }
 
 /* Row pointers of the piece's keys and values [start, start + count) for the task's kv head: into the cache for
@@ -231,30 +227,12 @@ INLINE void pair_tile(const uint32_t *const *rows, const uint32_t *pairs, int st
             _mm512_storeu_ps(c + (int64_t)k * width + v * LANES, accumulate ? acc[k][v] : _mm512_mul_ps(acc[k][v], m));
 }
 
-/* c [rows_a][width] as pair_tile, in tiles of TILE_A rows of A by up to TILE_VECS row vectors. */
+/* c [rows_a][width] as pair_tile. */
 INLINE void pair_product(const uint32_t *const *rows, const uint32_t *pairs, int stride, int by_key, int rows_a,
                          const uint32_t *b, int width, int depth, float *c, int accumulate, float mult) {
 #define PAIR_TILE(K, V) pair_tile(rows, pairs, stride, k0, b + r0, width, depth, c + (int64_t)k0 * width + r0, \
                                   accumulate, mult, K, V, by_key)
-#define PAIR_TILES_OF(K) \
-    case K:              \
-        if (vecs == 1) PAIR_TILE(K, 1); else PAIR_TILE(K, TILE_VECS); \
-        break;
-    for (int r0 = 0; r0 < width; r0 += TILE_VECS * LANES) {
-        const int vecs = (width - r0) / LANES < TILE_VECS ? (width - r0) / LANES : TILE_VECS;
-        for (int k0 = 0; k0 < rows_a; k0 += TILE_A) {
-            switch (rows_a - k0 < TILE_A ? rows_a - k0 : TILE_A) {
-                PAIR_TILES_OF(1)
-                PAIR_TILES_OF(2)
-                PAIR_TILES_OF(3)
-                PAIR_TILES_OF(4)
-                PAIR_TILES_OF(5)
-            default:
-                if (vecs == 1) PAIR_TILE(TILE_A, 1); else PAIR_TILE(TILE_A, TILE_VECS);
-            }
-        }
-    }
-#undef PAIR_TILES_OF
+    FOR_EACH_TILE(rows_a, width, PAIR_TILE)
 #undef PAIR_TILE
 }
 
@@ -309,7 +287,6 @@ INLINE void run_task(const Params *p, Task t, State *s, int bf16, int kv) {
     const int q_len = p->query_starts[t.req + 1] - p->query_starts[t.req], seq_len = p->seq_lens[t.req];
     const int rows = t.row1 - t.row0, width = (rows + LANES - 1) / LANES * LANES;
     const int pairs = PAIR_DOTS && bf16 == 1 && kv == 1; /* bf16 query and cache: multiply in pairs */
-    (void)pairs;
     for (int r = 0; r < width; r++) {
         const int real = r < rows ? r : rows - 1; /* padding rows repeat the last one and are never stored */
         const int64_t at = row_offset(p, t, real, group);
