@@ -135,19 +135,17 @@ class Projector:
         _log_packing(list(self.packed_weights.values()), list(self.int8_weights.values()))
         return True
 
-    def _prepack(self, layers: list[torch.nn.Module]) -> bool:
+    def _prepack(self, layers: list[torch.nn.Module]) -> None:
         """bf16 weights on a fast-bf16 CPU: oneDNN-packed copies for decode steps (prepacked.py)."""
         if not layers or not all(prepacked.supported(layer.weight) for layer in layers):
-            return False
+            return
         try:
             self.prepacked = {layer: prepacked.tried(layer.weight) for layer in layers}
-        except RuntimeError as exc:  # a torch whose oneDNN cannot pack this
+        except RuntimeError as exc:  # a torch whose oneDNN cannot pack this: self.prepacked stays empty
             log.warning("prepacked oneDNN linears are unavailable (%s); using the few-row kernel", exc)
-            self.prepacked = {}
-            return False
+            return
         megabytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / 2**20
         log.info("prepacked %d bf16 weights for oneDNN decode steps: %.0f MiB", len(layers), megabytes)
-        return True
 
     def _build_small_rows(self, layers: list[torch.nn.Module]) -> bool:
         weights = [layer.weight for layer in layers]
