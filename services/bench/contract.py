@@ -19,7 +19,7 @@ def machine_info() -> dict:
         "cpu_model": _cpu_model(),
         "memory_bytes": _memory_bytes(),
         "python": sys.version.split()[0],
-        "packages": {name: _version(name) for name in ("pagedserve", "torch", "httpx", "tokenizers", "numpy")},
+        "packages": {name: _version(name) for name in ("pagedserve", "torch", "aiohttp", "tokenizers", "numpy")},
         "gpus": _gpus(),
     }
 

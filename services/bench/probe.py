@@ -2,9 +2,9 @@
 
 from dataclasses import replace
 
-import httpx
+import aiohttp
 
-from services.bench.client import send_request
+from services.bench.client import HttpError, get, send_request
 from services.bench.datasets import BenchRequest
 from services.bench.payload import EOS_NOT_SUPPRESSED, EndpointConfig
 from services.bench.records import RequestRecord
@@ -13,7 +13,7 @@ _PROBE = BenchRequest("Say hello.", None, 2)
 _VERSION_HEADERS = ("server", "x-server-version", "x-powered-by")
 
 
-async def server_info(client: httpx.AsyncClient, cfg: EndpointConfig) -> dict:
+async def server_info(client: aiohttp.ClientSession, cfg: EndpointConfig) -> dict:
     """Version (GET /version, as vLLM and pagedserve serve it), identifying headers and served models."""
     base = cfg.base_url.rstrip("/")
     info: dict = {"base_url": cfg.base_url, "url": cfg.url, "version": None, "headers": {}, "models": None}
@@ -21,25 +21,25 @@ async def server_info(client: httpx.AsyncClient, cfg: EndpointConfig) -> dict:
     if isinstance(version, dict):
         info["version"] = version.get("version")
     try:
-        response = await client.get(base + "/v1/models")
-    except httpx.HTTPError:
+        response = await get(client, base + "/v1/models")
+    except HttpError:
         return info
     info["headers"] = {k: response.headers[k] for k in _VERSION_HEADERS if k in response.headers}
-    if response.status_code == 200:
+    if response.status == 200:
         data = response.json().get("data") or []
         info["models"] = [model.get("id") for model in data if isinstance(model, dict)]
     return info
 
 
-async def _get_json(client: httpx.AsyncClient, url: str) -> object | None:
+async def _get_json(client: aiohttp.ClientSession, url: str) -> object | None:
     try:
-        response = await client.get(url)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+        response = await get(client, url)
+        return response.json() if response.status == 200 else None
+    except (*HttpError, ValueError):
         return None
 
 
-async def resolve_eos_suppression(client: httpx.AsyncClient, cfg: EndpointConfig) -> EndpointConfig:
+async def resolve_eos_suppression(client: aiohttp.ClientSession, cfg: EndpointConfig) -> EndpointConfig:
     """Resolve --eos-suppression auto: ignore_eos if accepted, else logit_bias, else none (with a warning).
 
     Only a 4xx or 5xx answer moves on to the next method; a server that cannot be reached stops the benchmark.

@@ -5,7 +5,9 @@ import contextlib
 import re
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
+
+from services.bench.client import HttpError, get
 
 # Matched against metric names with ':' read as '_', so one pattern covers pagedserve_*, vllm:* and llamacpp:*.
 # When several names match, the shortest wins (vllm:prefix_cache_hits_total over vllm:external_prefix_cache_...).
@@ -53,13 +55,13 @@ def gauge_max(samples: Samples, key: str) -> tuple[float, str] | None:
     return None if name is None else (max(samples[name]), name)
 
 
-async def scrape(client: httpx.AsyncClient, url: str) -> Samples | None:
+async def scrape(client: aiohttp.ClientSession, url: str) -> Samples | None:
     """None when the server has no usable /metrics."""
     try:
-        response = await client.get(url)
-    except httpx.HTTPError:
+        response = await get(client, url)
+    except HttpError:
         return None
-    if response.status_code != 200:
+    if response.status != 200:
         return None
     samples = parse_prometheus_text(response.text)
     return samples or None
@@ -69,7 +71,7 @@ async def scrape(client: httpx.AsyncClient, url: str) -> Samples | None:
 class MetricsWatcher:
     """Scrapes before a run, polls the KV-usage gauge during it, and reports deltas after it."""
 
-    client: httpx.AsyncClient
+    client: aiohttp.ClientSession
     url: str
     poll_interval_s: float = 0.5
     before: Samples | None = None

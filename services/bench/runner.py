@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-import httpx
+import aiohttp
 import numpy as np
 from tqdm import tqdm
 
@@ -39,7 +39,7 @@ class RunOptions:
 
 
 async def run_point(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     cfg: EndpointConfig,
     requests: list[BenchRequest],
     point: LoadPoint,
@@ -61,7 +61,7 @@ async def run_point(
 
 
 async def _send_all(
-    client: httpx.AsyncClient,
+    client: aiohttp.ClientSession,
     cfg: EndpointConfig,
     requests: list[BenchRequest],
     records: list[RequestRecord],
@@ -86,7 +86,7 @@ async def _send_all(
 
 
 async def run_warmups(
-    client: httpx.AsyncClient, cfg: EndpointConfig, requests: list[BenchRequest], max_concurrency: int | None
+    client: aiohttp.ClientSession, cfg: EndpointConfig, requests: list[BenchRequest], max_concurrency: int | None
 ) -> list[RequestRecord]:
     """Unmeasured requests, all sent at once under the cap, that warm connections, kernels and caches."""
     records = [RequestRecord(i, request.num_output_tokens) for i, request in enumerate(requests)]

@@ -4,7 +4,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
-import httpx
+import aiohttp
 
 from services.bench.client import make_http_client
 from services.bench.contract import machine_info
@@ -55,7 +55,7 @@ async def run_serve(
 
 
 async def _warm_up(
-    client: httpx.AsyncClient, endpoint: EndpointConfig, cfg: ServeConfig, tokenizer: BenchTokenizer | None
+    client: aiohttp.ClientSession, endpoint: EndpointConfig, cfg: ServeConfig, tokenizer: BenchTokenizer | None
 ) -> int:
     """Warm-up prompts come from a seed no point uses. Returns how many failed."""
     if cfg.num_warmups == 0:
