@@ -1,7 +1,9 @@
 """Stop strings over streamed text: cut exactly before the first stop string and never let one leak.
 
-Text that could be the start of a stop string is held back until the next piece decides it; at the end of the
-generation whatever is held is released.
+"First" is the first to be complete, as generation meets them (of two ending together, the one starting earlier):
+with stops "." and "a.a", "aa.a" stops at "aa" whether it arrives whole or as "aa." then "a", since generation
+halts at the "." before "a.a" could complete. Text that could be the start of a stop string is held back until the
+next piece decides it; at the end of the generation whatever is held is released.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ class StopStringMatcher:
         if self.stopped:
             return ""
         buffer = self._held + text
-        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=None)
-        if cut is not None:
+        found = [(i + len(s), i) for s, i in ((s, buffer.find(s)) for s in self.stops) if i >= 0]
+        if found:
             self.stopped, self._held = True, ""
-            return buffer[:cut]
+            return buffer[:min(found)[1]]
         num_held = 0 if final else self._longest_partial_stop(buffer)
         self._held = buffer[len(buffer) - num_held:] if num_held else ""
         return buffer[:len(buffer) - num_held]

@@ -37,8 +37,10 @@ def test_final_piece_releases_held_text():
     assert matcher.feed("", final=True) == "Sto"
 
 
-def test_earliest_of_several_stops_wins():
+def test_first_stop_to_complete_wins():
     assert feed_all(["world", "lo w"], ["hello world"]) == (["hel"], True)
+    assert feed_all([".", "a.a"], ["aa.a"]) == (["aa"], True)  # "." completes before "a.a" would
+    assert feed_all([".", "a.a"], ["aa.", "a"]) == (["aa", ""], True)
 
 
 def test_no_text_after_stopping():
@@ -57,8 +59,8 @@ def test_any_chunking_gives_the_exact_cut(text: str, stops: list[str], cuts: lis
     bounds = sorted({0, len(text), *[min(c, len(text)) for c in cuts]})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)] or [""]
     emitted, stopped = feed_all(stops, pieces)
-    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
-    expected = text[:min(hits)] if hits else text
+    hits = [(i + len(s), i) for s, i in ((s, text.find(s)) for s in stops) if i >= 0]
+    expected = text[:min(hits)[1]] if hits else text  # before the stop that completes first
     assert "".join(emitted) == expected
     assert stopped == bool(hits)
     for stop in stops:  # nothing of a stop string leaks, even across pieces
