@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceDelta
 from services.gateway.streaming import first_delta_or_error
 
 
 class StayingClient:
-    async def is_disconnected(self) -> bool:
-        return False
+    """A request whose client never leaves: its ASGI channel stays silent."""
+
+    async def receive(self) -> dict:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
 
 
 def _delta(i: int) -> ChoiceDelta:
@@ -54,3 +60,47 @@ def test_reading_the_stream_gives_every_delta_in_order_then_stops_the_pump() -> 
         return texts
 
     assert asyncio.run(main()) == ["t0", "t1", "t2"]
+
+
+class LeavingClient:
+    """A request whose client goes away after `after_s`: the channel carries http.disconnect then."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+
+    async def receive(self) -> dict:
+        await asyncio.sleep(self.after_s)
+        return {"type": "http.disconnect"}
+
+
+def test_client_leaving_before_the_first_delta_is_a_499_that_closes_the_stream() -> None:
+    closed = asyncio.Event()
+
+    async def silent():
+        try:
+            await asyncio.Event().wait()  # the first token never comes
+            yield _delta(0)
+        finally:
+            closed.set()
+
+    async def main() -> None:
+        with pytest.raises(OpenAIError) as caught:
+            await asyncio.wait_for(first_delta_or_error(LeavingClient(0.05), silent()), 2.0)
+        assert caught.value.status == 499
+        assert closed.is_set()
+
+    asyncio.run(main())
+
+
+def test_a_client_that_stays_gets_the_first_delta_and_its_watcher_is_gone() -> None:
+    async def one():
+        await asyncio.sleep(0.05)
+        yield _delta(0)
+
+    async def main() -> None:
+        before = len(asyncio.all_tasks())
+        stream = await first_delta_or_error(StayingClient(), one())
+        assert [d.text async for d in stream.deltas] == ["t0"]
+        assert len(asyncio.all_tasks()) == before  # neither the pump nor the disconnect watcher is left
+
+    asyncio.run(main())
