@@ -21,14 +21,16 @@ an Inductor-generated one-row dot-product loop 11.4 ms, and the C kernel of kern
 for one row (32 GB/s), 7.9 for two, 13 for four, 17 for eight. `Projector` sends up to eight rows to the C
 kernel when it is built, else single rows to the compiled loop, and everything else to F.linear.
 
-On CPUs with AVX512-BF16 or AMX, bf16 weights are also prepacked once for oneDNN (layers/prepacked.py), and decode
-steps of more than four requests use those: all weights of the default model at 8 rows in 15 ms against 28 in the
-C kernel and F.linear, at 64 rows 50 against 76 through F.linear (Zen 4); up to four rows the C kernel streams
-the weights faster (10 ms for one row against 14).
+On CPUs with AVX512-BF16 or AMX, bf16 weights are also prepacked once for oneDNN (layers/prepacked.py): the same
+oneDNN product as F.linear, bit for bit, without the weight reorder F.linear does on every call. Decode steps of
+more than four requests use those: all weights of the default model at 8 rows in 15 ms against 28 in the C kernel
+and F.linear, at 64 rows 50 against 76 through F.linear (Zen 4); up to four rows the C kernel streams the weights
+faster (10 ms for one row against 14). Prompt chunks use them at any row count (512 rows: 277 ms against 293).
 
-The 16-bit fast paths serve decode-only steps (the model sets `decode_step` each step). Prompt chunks go through
-F.linear, whose result per row does not depend on the row count: a prompt computed whole and the same prompt's
-uncached tail after a prefix-cache hit give the same numbers, so identical greedy requests give the same text.
+The few-row C kernel serves decode-only steps (the model sets `decode_step` each step). Prompt chunks go through
+F.linear or its prepacked twin, whose result per row does not depend on the row count: a prompt computed whole and
+the same prompt's uncached tail after a prefix-cache hit give the same numbers, so identical greedy requests give
+the same text.
 """
 
 from __future__ import annotations
@@ -86,8 +88,9 @@ class Projector:
             return self.int8(x, coded, bias)
         if self.packed is not None and (packed := self.packed_weights.get(layer)) is not None and x.dim() == 2:
             return self.packed(x, packed, bias)
-        if self.decode_step and x.shape[0] > prepacked.MIN_ROWS and (packed := self.prepacked.get(layer)) is not None:
-            return prepacked.prepacked_linear(x, packed, bias)
+        packed = self.prepacked.get(layer)
+        if packed is not None and (not self.decode_step or x.shape[0] > prepacked.MIN_ROWS):
+            return prepacked.prepacked_linear(x, packed, bias)  # F.linear's numbers without its weight reorder
         if self.decode_step and x.shape[0] <= MAX_ROWS:
             if self.small_rows is not None and supports_small(x, layer.weight):
                 return self.small_rows(x, layer.weight, bias)

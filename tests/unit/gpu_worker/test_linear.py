@@ -148,8 +148,9 @@ def test_falls_back_to_the_compiled_row_when_the_kernel_cannot_build(monkeypatch
         _check(proj, layer, 1, 1e-5)
 
 
-def test_16_bit_prompt_chunks_always_use_linear() -> None:
-    """Outside decode steps even one row goes to F.linear (row-count independent numerics for prompts)."""
+def test_16_bit_prompt_chunks_never_use_the_few_row_paths() -> None:
+    """Outside decode steps even one row goes to F.linear or its prepacked twin (row-count independent numerics
+    for prompts)."""
     layer = nn.Linear(32, 8, dtype=torch.bfloat16).requires_grad_(False)
     proj = Projector(compile_single_row=True, native_rows=True)
     proj.warm_up([layer])
@@ -187,9 +188,15 @@ def test_bf16_decode_steps_of_more_than_four_rows_use_prepacked_weights_on_fast_
         for rows in (1, 4, 5, 8, 64):
             _check(proj, layer, rows, 3e-2)
         assert calls == [1, 4]  # 5 and more rows: the prepacked weight
-        proj.decode_step = False  # prompt chunks: F.linear, bit for bit
-        x = torch.randn(8, 96, dtype=torch.bfloat16)
-        assert torch.equal(proj(x, layer), F.linear(x, layer.weight, layer.bias))
+        proj.decode_step = False  # prompt chunks of any size: the prepacked weight, F.linear bit for bit
+        packed_calls = []
+        linear = prepacked.prepacked_linear
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(prepacked, "prepacked_linear", lambda *args: packed_calls.append(1) or linear(*args))
+            for rows in (1, 3, 8, 300):
+                x = torch.randn(rows, 96, dtype=torch.bfloat16)
+                assert torch.equal(proj(x, layer), F.linear(x, layer.weight, layer.bias))
+        assert calls == [1, 4] and len(packed_calls) == 4
 
 
 def test_prepacked_weights_give_the_same_numbers_at_every_row_count() -> None:
