@@ -28,9 +28,10 @@ and F.linear, at 64 rows 50 against 76 through F.linear (Zen 4); up to four rows
 faster (10 ms for one row against 14). Prompt chunks use them at any row count (512 rows: 277 ms against 293).
 
 The few-row C kernel serves decode-only steps (the model sets `decode_step` each step). Prompt chunks go through
-F.linear or its prepacked twin, whose result per row does not depend on the row count: a prompt computed whole and
-the same prompt's uncached tail after a prefix-cache hit give the same numbers, so identical greedy requests give
-the same text.
+F.linear or its prepacked twin, whose result per row does not depend on the row count from two rows up (a lone row
+is computed as two: oneDNN multiplies one row another way): a prompt computed whole and the same prompt's uncached
+tail after a prefix-cache hit give the same numbers, alone or beside other requests, so identical greedy requests
+give the same text.
 """
 
 from __future__ import annotations
@@ -89,13 +90,20 @@ class Projector:
         if self.packed is not None and (packed := self.packed_weights.get(layer)) is not None and x.dim() == 2:
             return self.packed(x, packed, bias)
         packed = self.prepacked.get(layer)
-        if packed is not None and (not self.decode_step or x.shape[0] > prepacked.MIN_ROWS):
+        if self.decode_step:
+            if packed is not None and x.shape[0] > prepacked.MIN_ROWS:
+                return prepacked.prepacked_linear(x, packed, bias)
+            if x.shape[0] <= MAX_ROWS:
+                if self.small_rows is not None and supports_small(x, layer.weight):
+                    return self.small_rows(x, layer.weight, bias)
+                if self.single_row is not None and x.shape[0] == 1:
+                    return self.single_row(x, layer.weight, bias)
+        elif x.shape[0] == 1 and x.dim() == 2:
+            # oneDNN computes a single row another way (its K-split gemv: 2 of 17 rows of a 1536-input projection
+            # differ in the last bit); as two rows it gives the row the numbers it gets among any other rows
+            return self(x.repeat(2, 1), layer)[:1]
+        if packed is not None:
             return prepacked.prepacked_linear(x, packed, bias)  # F.linear's numbers without its weight reorder
-        if self.decode_step and x.shape[0] <= MAX_ROWS:
-            if self.small_rows is not None and supports_small(x, layer.weight):
-                return self.small_rows(x, layer.weight, bias)
-            if self.single_row is not None and x.shape[0] == 1:
-                return self.single_row(x, layer.weight, bias)
         return F.linear(x, layer.weight, bias)
 
     @torch.inference_mode()

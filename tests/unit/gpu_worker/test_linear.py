@@ -211,3 +211,20 @@ def test_prepacked_weights_give_the_same_numbers_at_every_row_count() -> None:
     together = prepacked.prepacked_linear(x, packed, None)
     for rows in (5, 9, 33):
         assert torch.equal(prepacked.prepacked_linear(x[:rows], packed, None), together[:rows])
+
+
+def test_a_one_row_prompt_chunk_gets_the_numbers_it_gets_among_other_rows() -> None:
+    """oneDNN multiplies a lone row another way (some rows of a 1536-input bf16 projection differ in the last bit),
+    so a prompt whose last layer keeps one row would get other logits beside another request than alone; the
+    prompt path computes a lone row as two."""
+    torch.manual_seed(4)
+    layer = nn.Linear(1536, 576, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.05)
+    proj = Projector(compile_single_row=False, native_rows=True)
+    proj.warm_up([layer])
+    x = torch.randn(64, 1536, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        together = proj(x, layer)
+        alone = torch.cat([proj(x[r: r + 1], layer) for r in range(64)])
+    assert torch.equal(alone, together)
