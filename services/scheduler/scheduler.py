@@ -88,7 +88,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # the request preempted itself: nothing after it is running any more
             self._schedule(request, num_new, step)
@@ -102,6 +102,11 @@ class Scheduler:
             self._admit(budget, step)
         self.stats.record_step(step.total_num_scheduled_tokens, len(preempted))
         return SchedulerOutput(step, [r.req_id for r in preempted])
+
+    def _chunk(self, num_left: int, budget: int) -> int:
+        """How many of a request's `num_left` tokens to compute now: all of them when they fit the budget or pass
+        it by no more than the finish slack (no short tail left for the next step), else the budget."""
+        return num_left if num_left <= budget + self.config.finish_slack else budget
 
     def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
         """Get blocks for the request's next tokens, preempting the newest running requests until it fits."""
@@ -137,7 +142,7 @@ class Scheduler:
             # (a request resumed after preemption is prompt + outputs, which may exceed the budget)
             if not self.config.enable_chunked_prefill and budget < num_new <= self.config.max_num_batched_tokens:
                 break
-            num_new = min(num_new, budget)
+            num_new = self._chunk(num_new, budget) if self.config.enable_chunked_prefill else min(num_new, budget)
             # the watermark protects running decodes; with none running it would only keep a big request out forever
             if self.kv.allocate_slots(request, num_new, prefix, admission=bool(self.running)) is None:
                 break

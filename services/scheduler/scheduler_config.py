@@ -12,9 +12,19 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True  # split long prompts so that decodes keep streaming
     enable_prefix_caching: bool = True
     watermark: float = 0.01  # fraction of blocks admissions leave free, so running decodes are not starved
+    # A prompt whose rest exceeds what is left of the step's budget by at most this many tokens is finished in the
+    # step instead of leaving a short tail for the next: its first token comes a whole step earlier, and a step
+    # may hold budget + slack tokens.
+    prefill_finish_slack: int | None = None  # tokens a step may pass its budget by to finish a prompt (None: 1/8)
+
+    @property
+    def finish_slack(self) -> int:
+        return self.max_num_batched_tokens // 8 if self.prefill_finish_slack is None else self.prefill_finish_slack
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        if self.prefill_finish_slack is not None and self.prefill_finish_slack < 0:
+            raise ValueError("prefill_finish_slack must be >= 0")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")

@@ -18,8 +18,9 @@ from tests.unit.scheduler.fake_worker import FakeWorker, describe
 
 
 def make_config(**overrides) -> SchedulerConfig:
-    """No watermark unless asked for, so that tests can count blocks exactly."""
+    """No watermark and no finish slack unless asked for, so that tests can count blocks and chunks exactly."""
     overrides.setdefault("watermark", 0.0)
+    overrides.setdefault("prefill_finish_slack", 0)
     return SchedulerConfig(**overrides)
 
 

@@ -42,6 +42,28 @@ def test_long_prompt_is_split_into_chunks_of_the_budget():
     h.kv.check_integrity()
 
 
+def test_a_prompt_whose_rest_passes_the_budget_by_at_most_the_slack_is_finished_in_the_step():
+    """Two 6-token prompts under a budget of 10: without slack the second leaves a 2-token tail (its first token
+    comes a step later); with a slack of 2 it is finished in the first step (12 tokens), with 1 it is not."""
+    for slack, first_step, samples in ((0, {"a": 6, "b": 4}, ["a"]), (1, {"a": 6, "b": 4}, ["a"]),
+                                       (2, {"a": 6, "b": 6}, ["a", "b"])):
+        h = Harness(make_config(max_num_batched_tokens=10, prefill_finish_slack=slack),
+                    describe(num_blocks=16, block_size=4))
+        h.add(gen("a", list(range(1, 7)), max_tokens=2))
+        h.add(gen("b", list(range(11, 17)), max_tokens=2))
+        first, outputs = h.step()
+        assert first.step_input.num_scheduled_tokens == first_step
+        assert sorted(o.req_id for o in outputs) == samples
+        h.run()
+        assert all(len(h.streams[r].token_ids) == 2 for r in ("a", "b"))
+        h.kv.check_integrity()
+
+
+def test_the_default_finish_slack_is_an_eighth_of_the_budget():
+    assert SchedulerConfig(max_num_batched_tokens=512).finish_slack == 64
+    assert SchedulerConfig(max_num_batched_tokens=512, prefill_finish_slack=0).finish_slack == 0
+
+
 def test_decode_after_chunked_prefill_gets_a_new_block_at_the_boundary():
     h = Harness(make_config(max_num_batched_tokens=8), describe(num_blocks=16, block_size=4))
     h.add(gen("a", list(range(1, 9)), max_tokens=3))

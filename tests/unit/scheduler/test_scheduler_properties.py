@@ -66,6 +66,7 @@ def scenarios(draw, caching: bool | None = None, min_requests: int = 1, min_stem
         enable_chunked_prefill=draw(st.booleans()),
         enable_prefix_caching=draw(st.booleans()) if caching is None else caching,
         watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.1, 0.25])),
+        prefill_finish_slack=draw(st.sampled_from([0, 0, None, 2, 7])),
     )
     max_model_len = draw(st.sampled_from([8, 16, 24, 32, 48, 64]))
     # a few shared stems, so that prompts share prefixes and the prefix cache gets hit
@@ -160,7 +161,7 @@ class Run:
     def check_scheduled(self, scheduled: SchedulerOutput, before: Before) -> None:
         step, config = scheduled.step_input, self.scenario.config
         num = step.num_scheduled_tokens
-        assert step.total_num_scheduled_tokens <= config.max_num_batched_tokens
+        assert step.total_num_scheduled_tokens <= config.max_num_batched_tokens + config.finish_slack
         assert len(num) <= config.max_num_seqs
         assert len(self.s.running) <= config.max_num_seqs
         assert all(n >= 1 for n in num.values())
