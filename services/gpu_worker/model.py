@@ -56,7 +56,10 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, k, *rope)
         out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta).reshape(-1, c.q_size)
-        return self.proj(out if keep_rows is None else out[keep_rows], self.o_proj)
+        if keep_rows is None:
+            return self.proj(out, self.o_proj)
+        self.proj.keep_rows(keep_rows, meta.num_decodes)  # for this projection, the MLP and the logits
+        return self.proj(out[keep_rows], self.o_proj)
 
 
 class MLP(nn.Module):
@@ -120,6 +123,7 @@ class DecoderLM(nn.Module):
         other rows only as far as their keys and values: a prompt's rows before its last need no output projection
         or MLP there."""
         self.proj.decode_step = meta.num_decodes == meta.num_requests
+        self.proj.num_decode_rows = meta.num_decodes
         hidden = self.embed_tokens(token_ids)
         rope = self.rotary(positions)
         if keep_rows is not None and len(keep_rows) == len(token_ids):

@@ -27,7 +27,9 @@ more than four requests use those: all weights of the default model at 8 rows in
 and F.linear, at 64 rows 50 against 76 through F.linear (Zen 4); up to four rows the C kernel streams the weights
 faster (10 ms for one row against 14). Prompt chunks use them at any row count (512 rows: 277 ms against 293).
 
-The few-row C kernel serves decode-only steps (the model sets `decode_step` each step). Prompt chunks go through
+The few-row C kernel serves decode rows: those of decode-only steps (the model sets `decode_step` each step), and
+those of a step that also holds prompt chunks when a decode-only step of as many rows would use it (the model
+sets `num_decode_rows`), so a decode's numbers do not depend on prompts sharing its step. Prompt chunks go through
 F.linear or its prepacked twin, whose result per row does not depend on the row count from two rows up (a lone row
 is computed as two: oneDNN multiplies one row another way): a prompt computed whole and the same prompt's uncached
 tail after a prefix-cache hit give the same numbers, alone or beside other requests, so identical greedy requests
@@ -81,6 +83,7 @@ class Projector:
         self.int8_weights: dict[torch.nn.Module, Int8Weight] = {}
         self.prepacked: dict[torch.nn.Module, torch.Tensor] = {}  # bf16 weights in oneDNN's layout (prepacked.py)
         self.decode_step = False  # set by the model before each forward: every request has one new token
+        self.num_decode_rows = 0  # set by the model: the leading rows of x that are one-token requests (decodes)
 
     def __call__(self, x: torch.Tensor, layer: torch.nn.Module) -> torch.Tensor:
         """x [T, in] through a Linear (or a tied Embedding's weight)."""
@@ -89,19 +92,45 @@ class Projector:
             return self.int8(x, coded, bias)
         if self.packed is not None and (packed := self.packed_weights.get(layer)) is not None and x.dim() == 2:
             return self.packed(x, packed, bias)
-        packed = self.prepacked.get(layer)
         if self.decode_step:
-            if packed is not None and x.shape[0] > prepacked.MIN_ROWS:
-                return prepacked.prepacked_linear(x, packed, bias)
-            if x.shape[0] <= MAX_ROWS:
-                if self.small_rows is not None and supports_small(x, layer.weight):
-                    return self.small_rows(x, layer.weight, bias)
-                if self.single_row is not None and x.shape[0] == 1:
-                    return self.single_row(x, layer.weight, bias)
-        elif x.shape[0] == 1 and x.dim() == 2:
+            return self._decode_rows(x, layer, bias)
+        num_decodes = self.num_decode_rows
+        if 0 < num_decodes < x.shape[0] and self._few_row_path(x[:num_decodes], layer):
+            # a mixed step: its decodes get the numbers a decode-only step of as many rows gives them, so that a
+            # request's text does not depend on whether prompt chunks happened to share its steps
+            return torch.cat((self._decode_rows(x[:num_decodes], layer, bias),
+                              self._prompt_rows(x[num_decodes:], layer, bias)))
+        return self._prompt_rows(x, layer, bias)
+
+    def keep_rows(self, rows: torch.Tensor, num_decodes: int) -> None:
+        """The model keeps only `rows` (increasing) of the step's rows from here on: count the decodes among them."""
+        if self.num_decode_rows and not self.decode_step and (self.small_rows or self.single_row) is not None:
+            self.num_decode_rows = int((rows < num_decodes).sum())
+
+    def _few_row_path(self, x: torch.Tensor, layer: torch.nn.Module) -> bool:
+        """Whether these rows of a decode-only step would go through a few-row kernel, not the prompts' GEMM."""
+        if x.shape[0] > (prepacked.MIN_ROWS if layer in self.prepacked else MAX_ROWS):
+            return False
+        return (self.small_rows is not None and supports_small(x, layer.weight)) or (
+            self.single_row is not None and x.shape[0] == 1)
+
+    def _decode_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+        packed = self.prepacked.get(layer)
+        if packed is not None and x.shape[0] > prepacked.MIN_ROWS:
+            return prepacked.prepacked_linear(x, packed, bias)
+        if x.shape[0] <= MAX_ROWS:
+            if self.small_rows is not None and supports_small(x, layer.weight):
+                return self.small_rows(x, layer.weight, bias)
+            if self.single_row is not None and x.shape[0] == 1:
+                return self.single_row(x, layer.weight, bias)
+        return self._prompt_rows(x, layer, bias)
+
+    def _prompt_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.shape[0] == 1:
             # oneDNN computes a single row another way (its K-split gemv: 2 of 17 rows of a 1536-input projection
             # differ in the last bit); as two rows it gives the row the numbers it gets among any other rows
-            return self(x.repeat(2, 1), layer)[:1]
+            return self._prompt_rows(x.repeat(2, 1), layer, bias)[:1]
+        packed = self.prepacked.get(layer)
         if packed is not None:
             return prepacked.prepacked_linear(x, packed, bias)  # F.linear's numbers without its weight reorder
         return F.linear(x, layer.weight, bias)
