@@ -95,7 +95,7 @@ class Projector:
         if self.decode_step:
             return self._decode_rows(x, layer, bias)
         num_decodes = self.num_decode_rows
-        if 0 < num_decodes < x.shape[0] and self._few_row_path(x[:num_decodes], layer):
+        if 0 < num_decodes < x.shape[0] and self._few_row_kernel(x[:num_decodes], layer) is not None:
             # a mixed step: its decodes get the numbers a decode-only step of as many rows gives them, so that a
             # request's text does not depend on whether prompt chunks happened to share its steps
             return torch.cat((self._decode_rows(x[:num_decodes], layer, bias),
@@ -107,23 +107,19 @@ class Projector:
         if self.num_decode_rows and not self.decode_step and (self.small_rows or self.single_row) is not None:
             self.num_decode_rows = int((rows < num_decodes).sum())
 
-    def _few_row_path(self, x: torch.Tensor, layer: torch.nn.Module) -> bool:
-        """Whether these rows of a decode-only step would go through a few-row kernel, not the prompts' GEMM."""
+    def _few_row_kernel(self, x: torch.Tensor, layer: torch.nn.Module):
+        """The few-row kernel a decode-only step of these rows uses, or None (then the prompts' GEMM)."""
         if x.shape[0] > (prepacked.MIN_ROWS if layer in self.prepacked else MAX_ROWS):
-            return False
-        return (self.small_rows is not None and supports_small(x, layer.weight)) or (
-            self.single_row is not None and x.shape[0] == 1)
+            return None
+        if self.small_rows is not None and supports_small(x, layer.weight):
+            return self.small_rows
+        if self.single_row is not None and x.shape[0] == 1:
+            return self.single_row
+        return None
 
     def _decode_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
-        packed = self.prepacked.get(layer)
-        if packed is not None and x.shape[0] > prepacked.MIN_ROWS:
-            return prepacked.prepacked_linear(x, packed, bias)
-        if x.shape[0] <= MAX_ROWS:
-            if self.small_rows is not None and supports_small(x, layer.weight):
-                return self.small_rows(x, layer.weight, bias)
-            if self.single_row is not None and x.shape[0] == 1:
-                return self.single_row(x, layer.weight, bias)
-        return self._prompt_rows(x, layer, bias)
+        kernel = self._few_row_kernel(x, layer)
+        return self._prompt_rows(x, layer, bias) if kernel is None else kernel(x, layer.weight, bias)
 
     def _prompt_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[0] == 1:
