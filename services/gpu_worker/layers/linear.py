@@ -82,6 +82,7 @@ class Projector:
         self.int8: Int8Linear | None = None  # set by warm_up, with the layers whose weights it takes
         self.int8_weights: dict[torch.nn.Module, Int8Weight] = {}
         self.prepacked: dict[torch.nn.Module, torch.Tensor] = {}  # bf16 weights in oneDNN's layout (prepacked.py)
+        self.tile_rows = 0  # > 0 (AMX CPUs): the prepacked products run in calls of this many rows (prepacked.py)
         self.decode_step = False  # set by the model before each forward: every request has one new token
         self.num_decode_rows = 0  # set by the model: the leading rows of x that are one-token requests (decodes)
 
@@ -122,11 +123,13 @@ class Projector:
         return self._prompt_rows(x, layer, bias) if kernel is None else kernel(x, layer.weight, bias)
 
     def _prompt_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
+        packed = self.prepacked.get(layer)
+        if packed is not None and self.tile_rows:  # AMX: calls of one row count, whatever the step holds
+            return prepacked.prepacked_linear(x, packed, bias, self.tile_rows)
         if x.shape[0] == 1:
             # oneDNN computes a single row another way (its K-split gemv: 2 of 17 rows of a 1536-input projection
             # differ in the last bit); as two rows it gives the row the numbers it gets among any other rows
             return self._prompt_rows(x.repeat(2, 1), layer, bias)[:1]
-        packed = self.prepacked.get(layer)
         if packed is not None:
             return prepacked.prepacked_linear(x, packed, bias)  # F.linear's numbers without its weight reorder
         return F.linear(x, layer.weight, bias)
@@ -180,6 +183,7 @@ class Projector:
         except RuntimeError as exc:  # a torch whose oneDNN cannot pack this: self.prepacked stays empty
             log.warning("prepacked oneDNN linears are unavailable (%s); using the few-row kernel", exc)
             return
+        self.tile_rows = prepacked.tile_rows()
         megabytes = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers) / 2**20
         log.info("prepacked %d bf16 weights for oneDNN decode steps: %.0f MiB", len(layers), megabytes)
 

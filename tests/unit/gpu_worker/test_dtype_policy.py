@@ -6,24 +6,26 @@ import pytest
 import torch
 
 from services.gpu_worker import dtype_policy
-from services.gpu_worker.dtype_policy import auto_dtype, cpu_has_fast_bf16, kv_cache_dtype
+from services.gpu_worker.dtype_policy import auto_dtype, cpu_has_amx, cpu_has_fast_bf16, kv_cache_dtype
 
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ("fpu sse avx2 avx512f avx512_bf16 amx_tile", True),
-    ("fpu sse avx2 amx_bf16 amx_tile", True),
-    ("fpu sse avx2 avx512f avx512_vnni", False),
+@pytest.mark.parametrize(("flags", "fast", "amx"), [
+    ("fpu sse avx2 avx512f avx512_bf16 amx_tile", True, False),
+    ("fpu sse avx2 amx_bf16 amx_tile", True, True),
+    ("fpu sse avx2 avx512f avx512_vnni", False, False),
 ])
-def test_cpu_flags(tmp_path, flags: str, expected: bool) -> None:
+def test_cpu_flags(tmp_path, flags: str, fast: bool, amx: bool) -> None:
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
-    assert cpu_has_fast_bf16(str(cpuinfo)) is expected
+    assert cpu_has_fast_bf16(str(cpuinfo)) is fast
+    assert cpu_has_amx(str(cpuinfo)) is amx
 
 
 def test_missing_cpuinfo_means_no_bf16(tmp_path) -> None:
     assert cpu_has_fast_bf16(str(tmp_path / "absent")) is False
+    assert cpu_has_amx(str(tmp_path / "absent")) is False
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -199,18 +199,51 @@ def test_bf16_decode_steps_of_more_than_four_rows_use_prepacked_weights_on_fast_
         assert calls == [1, 4] and len(packed_calls) == 4
 
 
-def test_prepacked_weights_give_the_same_numbers_at_every_row_count() -> None:
-    """A decode row's outputs do not depend on how many other rows share the step."""
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576), (200, 576)])
+def test_prepacked_weights_give_the_same_numbers_at_every_row_count(shape) -> None:
+    """A row's outputs do not depend on how many other rows share the step, from two rows up (a lone row is the
+    Projector's business). On AMX CPUs oneDNN's own numbers follow the row count (a 1536-input projection's rows
+    differ at 45-69 rows), so there the calls go in tiles of one size: prepacked.tile_rows()."""
     torch.manual_seed(3)
-    weight = torch.randn(200, 576, dtype=torch.bfloat16)
+    weight = torch.randn(*shape, dtype=torch.bfloat16) * 0.05
+    if not prepacked.supported(weight):
+        assert not prepacked.supported(weight.float())  # fp32 weights never take this path
+        return
+    packed, tile = prepacked.tried(weight), prepacked.tile_rows()
+    x = torch.randn(64, shape[1], dtype=torch.bfloat16)
+    together = prepacked.prepacked_linear(x, packed, None, tile)
+    for rows in (2, 5, 9, 14, 20, 33, 45, 50, 63):
+        assert torch.equal(prepacked.prepacked_linear(x[:rows], packed, None, tile), together[:rows]), rows
+
+
+def test_tiled_prepacked_products_depend_only_on_each_row() -> None:
+    """In tiles of one size (the last padded) a row gets the same numbers at any row count, at any place."""
+    torch.manual_seed(5)
+    weight = torch.randn(576, 1536, dtype=torch.bfloat16) * 0.05
     if not prepacked.supported(weight):
         assert not prepacked.supported(weight.float())  # fp32 weights never take this path
         return
     packed = prepacked.tried(weight)
-    x = torch.randn(64, 576, dtype=torch.bfloat16)
-    together = prepacked.prepacked_linear(x, packed, None)
-    for rows in (5, 9, 33):
-        assert torch.equal(prepacked.prepacked_linear(x[:rows], packed, None), together[:rows])
+    x = torch.randn(200, 1536, dtype=torch.bfloat16)
+    together = prepacked.prepacked_linear(x, packed, None, 64)
+    torch.testing.assert_close(together, F.linear(x, weight), atol=2e-2, rtol=2e-2)
+    for start, rows in ((0, 1), (0, 64), (0, 65), (7, 130), (150, 50)):
+        part = prepacked.prepacked_linear(x[start: start + rows], packed, None, 64)
+        assert torch.equal(part, together[start: start + rows]), (start, rows)
+
+
+def test_projector_tiles_prepacked_products_on_amx_cpus(monkeypatch) -> None:
+    layer = nn.Linear(96, 40, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    if not prepacked.supported(layer.weight):  # no fast bf16: nothing prepacked, nothing tiled
+        proj = Projector(compile_single_row=False, native_rows=True)
+        proj.warm_up([layer])
+        assert not proj.prepacked and proj.tile_rows == 0
+        return
+    for amx, tile in ((True, prepacked.TILE_ROWS), (False, 0)):
+        monkeypatch.setattr(prepacked, "cpu_has_amx", lambda amx=amx: amx)
+        proj = Projector(compile_single_row=False, native_rows=True)
+        proj.warm_up([layer])
+        assert proj.tile_rows == tile
 
 
 def test_a_one_row_prompt_chunk_gets_the_numbers_it_gets_among_other_rows() -> None:
