@@ -33,7 +33,9 @@ sets `num_decode_rows`), so a decode's numbers do not depend on prompts sharing 
 F.linear or its prepacked twin, whose result per row does not depend on the row count from two rows up (a lone row
 is computed as two: oneDNN multiplies one row another way): a prompt computed whole and the same prompt's uncached
 tail after a prefix-cache hit give the same numbers, alone or beside other requests, so identical greedy requests
-give the same text.
+give the same text. On AMX CPUs oneDNN's numbers follow the row count, so there prompt rows go in tiles of one
+size (prepacked.py) and decode rows of 5+ are their own call in mixed steps as in decode-only ones (one call, not
+a tile: 16 rows of all weights 10 ms against 16).
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ class Projector:
         if self.decode_step:
             return self._decode_rows(x, layer, bias)
         num_decodes = self.num_decode_rows
-        if 0 < num_decodes < x.shape[0] and self._few_row_kernel(x[:num_decodes], layer) is not None:
+        if 0 < num_decodes < x.shape[0] and (self.tile_rows or self._few_row_kernel(x[:num_decodes], layer)):
             # a mixed step: its decodes get the numbers a decode-only step of as many rows gives them, so that a
             # request's text does not depend on whether prompt chunks happened to share its steps
             return torch.cat((self._decode_rows(x[:num_decodes], layer, bias),
@@ -105,7 +107,8 @@ class Projector:
 
     def keep_rows(self, rows: torch.Tensor, num_decodes: int) -> None:
         """The model keeps only `rows` (increasing) of the step's rows from here on: count the decodes among them."""
-        if self.num_decode_rows and not self.decode_step and (self.small_rows or self.single_row) is not None:
+        if self.num_decode_rows and not self.decode_step and (
+                self.tile_rows or (self.small_rows or self.single_row) is not None):
             self.num_decode_rows = int((rows < num_decodes).sum())
 
     def _few_row_kernel(self, x: torch.Tensor, layer: torch.nn.Module):
@@ -120,7 +123,11 @@ class Projector:
 
     def _decode_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
         kernel = self._few_row_kernel(x, layer)
-        return self._prompt_rows(x, layer, bias) if kernel is None else kernel(x, layer.weight, bias)
+        if kernel is not None:
+            return kernel(x, layer.weight, bias)
+        if self.tile_rows and layer in self.prepacked:  # AMX: decode rows in one call (a decode's numbers may
+            return prepacked.prepacked_linear(x, self.prepacked[layer], bias)  # follow its batch; prompts' not)
+        return self._prompt_rows(x, layer, bias)
 
     def _prompt_rows(self, x: torch.Tensor, layer: torch.nn.Module, bias: torch.Tensor | None) -> torch.Tensor:
         packed = self.prepacked.get(layer)

@@ -261,3 +261,26 @@ def test_a_one_row_prompt_chunk_gets_the_numbers_it_gets_among_other_rows() -> N
         together = proj(x, layer)
         alone = torch.cat([proj(x[r: r + 1], layer) for r in range(64)])
     assert torch.equal(alone, together)
+
+
+@pytest.mark.parametrize("shape", [(576, 1536), (1536, 576)])
+def test_decode_rows_of_a_mixed_step_get_their_decode_only_numbers(shape) -> None:
+    """Decode rows beside prompt rows get what a decode-only step of as many rows gives them, and the prompt rows
+    what they get alone, whatever route each takes on this CPU (the few-row kernel, tiles on AMX, one call)."""
+    torch.manual_seed(6)
+    layer = nn.Linear(shape[1], shape[0], bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    with torch.no_grad():
+        layer.weight.normal_(0.0, 0.05)
+    proj = Projector(compile_single_row=False, native_rows=True)
+    proj.warm_up([layer])
+    x = torch.randn(60, shape[1], dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for num_decodes in (3, 20, 47):
+            proj.decode_step, proj.num_decode_rows = False, num_decodes
+            mixed = proj(x, layer)
+            proj.num_decode_rows = 0
+            prompts = proj(x[num_decodes:], layer)
+            proj.decode_step = True
+            decodes = proj(x[:num_decodes], layer)
+            assert torch.equal(mixed[:num_decodes], decodes), num_decodes
+            assert torch.equal(mixed[num_decodes:], prompts), num_decodes
