@@ -11,10 +11,11 @@ through F.linear). CPUs with fast bf16 only.
 
 On CPUs with AMX, oneDNN's choice of kernel and blocking follows the row count, and so do a row's last bits: on a
 2-vCPU Xeon, rows of a 1536-input projection came out differently at 45-69 rows than at 1-44 or 600, those of a
-576-input one at 14-32. There the rows go through in tiles of TILE_ROWS (the last one padded): within one row count
-a row's numbers depend neither on its place nor on the rows beside it, so every row count gives the same numbers
-again. The tiles cost little against what AMX gives (all weights of the default model's 30 layers: 512 rows in
-8 tiles 110 ms against 67 in one call and 553 without AMX; 8 rows padded to 64: 14 ms against 9).
+576-input one at 14-32. There the Projector sends prompt rows in tiles of TILE_ROWS (fewer rows fill a scratch
+tile, more end with an overlapping one): within one row count a row's numbers depend neither on its place nor on
+the rows beside it, so every row count gives the same numbers again. The tiles cost little against what AMX gives
+(all weights of the default model's 30 layers: 512 rows in 8 tiles 110 ms against 67 in one call and 553 without
+AMX; 5-63 rows as a tile 16 ms against about 10 in one call, which is why decode rows stay one call).
 """
 
 from __future__ import annotations
