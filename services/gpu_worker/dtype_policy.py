@@ -19,19 +19,19 @@ _CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @cache
-def cpu_has_fast_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    return any(flag in _cpu_flags(cpuinfo) for flag in _CPU_BF16_FLAGS)
-
-
-def _cpu_flags(cpuinfo: str) -> set[str]:
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """This machine's CPU flags (empty where the cpuinfo file is missing)."""
     path = Path(cpuinfo)
     lines = path.read_text().splitlines() if path.is_file() else []
-    return set(next((line.split(":", 1)[-1] for line in lines if line.startswith("flags")), "").split())
+    return frozenset(next((line.split(":", 1)[-1] for line in lines if line.startswith("flags")), "").split())
 
 
-@cache
+def cpu_has_fast_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    return any(flag in cpu_flags(cpuinfo) for flag in _CPU_BF16_FLAGS)
+
+
 def cpu_has_amx(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    return "amx_bf16" in _cpu_flags(cpuinfo)
+    return "amx_bf16" in cpu_flags(cpuinfo)
 
 
 def device_has_fast_bf16(device: torch.device) -> bool:

@@ -20,8 +20,10 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Set
 from pathlib import Path
 
+from services.gpu_worker.dtype_policy import cpu_flags
 from shared.default_model import GGUF_NAME, download_gguf
 
 # The sdist version the build flags below were checked against; override with LLAMA_CPP_PYTHON_VERSION.
@@ -38,17 +40,12 @@ CMAKE_FLAGS = (
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
-def cmake_flags(cpu_flags: set[str]) -> tuple[str, ...]:
+def cmake_flags(flags: Set[str]) -> tuple[str, ...]:
     """CMAKE_FLAGS, plus compiler flags that keep AMX out on CPUs that have it."""
-    if "amx_tile" not in cpu_flags:
+    if "amx_tile" not in flags:
         return CMAKE_FLAGS
     return (*CMAKE_FLAGS, f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}")
 
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """This machine's CPU flags (empty where /proc/cpuinfo is missing)."""
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
-    return set(next((line.split(":", 1)[1] for line in lines if line.startswith("flags")), "").split())
 
 
 def llama_server_path(peers_dir: Path) -> Path:

@@ -98,7 +98,8 @@ class Projector:
         if self.decode_step:
             return self._decode_rows(x, layer, bias)
         num_decodes = self.num_decode_rows
-        if 0 < num_decodes < x.shape[0] and (self.tile_rows or self._few_row_kernel(x[:num_decodes], layer)):
+        if 0 < num_decodes < x.shape[0] and (
+                self.tile_rows or self._few_row_kernel(x[:num_decodes], layer) is not None):
             # a mixed step: its decodes get the numbers a decode-only step of as many rows gives them, so that a
             # request's text does not depend on whether prompt chunks happened to share its steps
             return torch.cat((self._decode_rows(x[:num_decodes], layer, bias),

@@ -62,7 +62,8 @@ def prepacked_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor |
         return _linear(scratch, packed, bias)[:rows]
     starts = [*range(0, rows - tile, tile), rows - tile]
     outs = [_linear(x[start: start + tile], packed, bias) for start in starts]
-    outs[-1] = outs[-1][tile - (rows - starts[-2] - tile):]  # the rows the tiles before did not cover
+    covered = starts[-2] + tile  # rows the tiles before the last one gave
+    outs[-1] = outs[-1][covered - starts[-1]:]
     return torch.cat(outs)
 
 

@@ -18,8 +18,8 @@ def test_amx_is_compiled_out_only_where_the_cpu_has_it():
 def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_tile\nbugs\t\t: spectre_v1\n")
-    assert cpu_flags(cpuinfo) == {"fpu", "avx512f", "amx_tile"}
-    assert cpu_flags(tmp_path / "missing") == set()
+    assert cpu_flags(str(cpuinfo)) == {"fpu", "avx512f", "amx_tile"}
+    assert cpu_flags(str(tmp_path / "missing")) == set()
 
 
 def test_a_build_from_before_flags_were_recorded_counts_as_the_plain_flags(tmp_path):
