@@ -97,14 +97,25 @@ def _error_examples(requests: list[dict]) -> list[str]:
 def _server_rows(server: dict | None) -> list[str]:
     if server is None:
         return []
-    rows = [
+    counts = [
         ("Prefix cache hits (delta)", "prefix_cache_hits"),
         ("Prefix cache queries (delta)", "prefix_cache_queries"),
-        ("Prefix cache hit rate", "prefix_cache_hit_rate"),
         ("Preemptions (delta)", "num_preemptions"),
-        ("KV cache usage peak", "kv_cache_usage_peak"),
     ]
-    return [_rule(" Server metrics (/metrics) "), *(_row(title, server.get(key)) for title, key in rows)]
+    fractions = [
+        ("Prefix cache hit rate (%)", "prefix_cache_hit_rate"),
+        ("KV cache usage peak (%)", "kv_cache_usage_peak"),
+    ]
+    return [
+        _rule(" Server metrics (/metrics) "),
+        *(_row(title, server.get(key)) for title, key in counts),
+        *(_row(title, _percent(server.get(key))) for title, key in fractions),
+    ]
+
+
+def _percent(fraction: float | None) -> str | None:
+    """A 0-1 fraction as a percentage: a peak of 0.004 reads 0.4, not 0.00."""
+    return None if fraction is None else f"{100 * fraction:.1f}"
 
 
 def sweep_table(result: dict) -> str:
