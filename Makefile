@@ -59,8 +59,8 @@ lint: $(STAMP)
 
 # Engine benchmarks (in-process, no services): decode tok/s vs transformers; what batching and prefix caching buy.
 bench-engine: model
-	$(PY) -m services.engine.bench_decode --model $(MODEL_DIR)
-	$(PY) -m services.engine.bench_scheduler --model $(MODEL_DIR)
+	$(PY) -m benchmarks.engine.bench_decode --model $(MODEL_DIR)
+	$(PY) -m benchmarks.engine.bench_scheduler --model $(MODEL_DIR)
 
 # Serving benchmarks against live servers on free local ports; results, plots and summaries go to BENCH_OUT.
 # `make bench`: pagedserve with the standard suite (random and shared-prefix, EOS suppressed) at BENCH_CONCURRENCIES.
@@ -78,7 +78,7 @@ BENCH_PEER_CONCURRENCIES ?= 1,4,16
 BENCH_PEER_OWN_CONCURRENCIES ?= 64
 BENCH_PEER_MIN_PROMPTS ?= 4
 BENCH_ARGS ?=
-BENCH_RUN := $(PY) -m services.bench.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
+BENCH_RUN := $(PY) -m benchmarks.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
 	--num-prompts $(BENCH_NUM_PROMPTS) --prompts-per-concurrency $(BENCH_PROMPTS_PER_CONCURRENCY)
 
 bench: model
@@ -91,7 +91,7 @@ bench-peers: model
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)
-	$(PY) -m services.bench.peers.llama_build --peers-dir .peers
+	$(PY) -m benchmarks.peers.llama_build --peers-dir .peers
 
 # On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
 # Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.

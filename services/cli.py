@@ -12,7 +12,7 @@ COMMANDS = {
     "gateway": ("services.gateway.__main__", "the OpenAI-compatible HTTP gateway"),
     "scheduler": ("services.scheduler.__main__", "the scheduler (continuous batching, KV blocks, prefix cache)"),
     "worker": ("services.gpu_worker.__main__", "the gpu-worker (model and paged KV cache on one device)"),
-    "bench": ("services.bench.cli", "benchmark an OpenAI-compatible server"),
+    "bench": ("benchmarks.cli", "benchmark an OpenAI-compatible server"),
 }
 
 

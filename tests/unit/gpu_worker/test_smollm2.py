@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.engine.llm import LLM
+from pagedserve.llm import LLM
 from services.gpu_worker.dtype_policy import auto_dtype
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.request_state import RequestState

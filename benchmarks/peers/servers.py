@@ -1,0 +1,86 @@
+"""How each server under test is installed and started: pagedserve, llama.cpp's llama-server, transformers serve."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.peers.llama_build import ensure_gguf, ensure_llama_server, llama_server_path
+from benchmarks.peers.process import ServerSpec, free_port
+
+
+def default_llama_threads() -> int:
+    """One core fewer than the machine has: the bench client runs beside the server, and ggml's threads wait for
+    each other at every op, so a single descheduled thread stalls all (on 2 busy cores -t 2 decoded 45x slower)."""
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    model_dir: Path  # the converted Hugging Face folder (pagedserve, transformers; tokenizer for every server)
+    peers_dir: Path  # git-ignored home of the llama.cpp build and the GGUF
+    llama_ctx_per_slot: int = 2048  # llama-server gets -c = slots x this (prompts <= ~1,400 + answers <= 231)
+    threads: int = 1  # llama-server -t (pagedserve and transformers use torch's default); see default_llama_threads
+    build_jobs: int = 2
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    label: str
+    spec: Callable[[ServerOptions, int], ServerSpec]  # (options, max concurrency it must serve) -> how to start it
+    prepare: Callable[[ServerOptions], None] = lambda options: None  # build or install; cached
+    restart_per_concurrency: bool = False  # True: one server per concurrency point (its slots are fixed at start)
+
+
+def pagedserve_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+    port = free_port()
+    argv = [sys.executable, "-m", "services.cli", "serve", str(options.model_dir), "--port", str(port),
+            "--scheduler-port", str(free_port()), "--worker-port", str(free_port())]  # fmt: skip
+    return ServerSpec("pagedserve", argv, port)
+
+
+def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+    """`-np N` parallel slots, so that N concurrent requests are decoded as one batch; N x per-slot context."""
+    port = free_port()
+    argv = [str(llama_server_path(options.peers_dir)), "-m", str(ensure_gguf(options.peers_dir)),
+            "--host", "127.0.0.1", "--port", str(port), "-np", str(concurrency),
+            "-c", str(concurrency * options.llama_ctx_per_slot), "-t", str(options.threads),
+            "--alias", options.model_dir.name, "--metrics", "--no-webui"]  # fmt: skip
+    return ServerSpec("llama.cpp", argv, port)
+
+
+def prepare_llama(options: ServerOptions) -> None:
+    ensure_llama_server(options.peers_dir, options.build_jobs)
+    ensure_gguf(options.peers_dir)
+
+
+def transformers_cli() -> str:
+    """The venv's `transformers` script; TRANSFORMERS_CLI points elsewhere (e.g. a separate venv under .peers/)."""
+    default = Path(sys.executable).parent / "transformers"
+    return os.environ.get("TRANSFORMERS_CLI") or (str(default) if default.exists() else shutil.which("transformers"))
+
+
+def transformers_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+    port = free_port()
+    argv = [transformers_cli(), "serve", str(options.model_dir), "--continuous-batching", "--device", "cpu",
+            "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    return ServerSpec("transformers", argv, port)
+
+
+def check_transformers(options: ServerOptions) -> None:
+    if not transformers_cli():
+        raise RuntimeError("no `transformers` CLI: pip install 'transformers[serving]' (fastapi, uvicorn)")
+
+
+SERVER_KINDS = {
+    kind.label: kind
+    for kind in (
+        ServerKind("pagedserve", pagedserve_spec),
+        ServerKind("llama.cpp", llama_spec, prepare_llama, restart_per_concurrency=True),
+        ServerKind("transformers", transformers_spec, check_transformers),
+    )
+}

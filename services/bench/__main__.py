@@ -1,3 +1,0 @@
-from services.bench.cli import main
-
-raise SystemExit(main())

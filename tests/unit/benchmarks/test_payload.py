@@ -1,0 +1,76 @@
+import pytest
+
+from benchmarks.datasets import BenchRequest
+from benchmarks.payload import EndpointConfig, build_payload
+from benchmarks.tokenizer import BenchTokenizer
+
+SHARED = BenchRequest("What is the leave policy?", 7, 32, system_prompt="Handbook text.", group=0)
+
+
+def test_tokenizer_reads_eos_ids(tokenizer: BenchTokenizer):
+    assert tokenizer.eos_token_ids == (2,)  # <|im_end|> in tokenizer, generation and model configs
+
+
+def test_chat_payload_streams_with_usage_and_system_message():
+    cfg = EndpointConfig(base_url="http://127.0.0.1:9/", model="m")
+    assert cfg.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert build_payload(cfg, SHARED) == {
+        "model": "m",
+        "max_tokens": 32,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [
+            {"role": "system", "content": "Handbook text."},
+            {"role": "user", "content": "What is the leave policy?"},
+        ],
+    }
+
+
+def test_completions_payload_joins_prefix_and_uses_ignore_eos():
+    cfg = EndpointConfig(
+        base_url="http://h:1",
+        model="m",
+        endpoint_type="openai-completions",
+        ignore_eos=True,
+        eos_suppression="ignore-eos",
+        extra_body={"top_p": 0.5},
+    )
+    payload = build_payload(cfg, SHARED)
+    assert cfg.url == "http://h:1/v1/completions"
+    assert payload["prompt"] == "Handbook text.\n\nWhat is the leave policy?"
+    assert payload["ignore_eos"] is True and "logit_bias" not in payload
+    assert payload["top_p"] == 0.5
+
+
+def test_logit_bias_bans_every_eos_token():
+    cfg = EndpointConfig(
+        base_url="http://h",
+        model="m",
+        endpoint="/x",
+        ignore_eos=True,
+        eos_suppression="logit-bias",
+        eos_token_ids=(0, 2),
+    )
+    payload = build_payload(cfg, SHARED)
+    assert cfg.url == "http://h/x"
+    assert payload["logit_bias"] == {"0": -100.0, "2": -100.0}
+    assert "ignore_eos" not in payload
+
+
+def test_no_eos_fields_without_ignore_eos():
+    payload = build_payload(EndpointConfig(base_url="http://h", model="m", eos_token_ids=(2,)), SHARED)
+    assert "ignore_eos" not in payload and "logit_bias" not in payload
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"endpoint_type": "tgi"},
+        {"eos_suppression": "min-tokens"},
+        {"ignore_eos": True, "eos_suppression": "logit-bias"},
+    ],
+)
+def test_endpoint_config_rejects_bad_flags(kwargs):
+    with pytest.raises(ValueError):
+        EndpointConfig(base_url="http://h", model="m", **kwargs)

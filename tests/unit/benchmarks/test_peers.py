@@ -1,0 +1,99 @@
+"""The peers runner (`make bench`, `make bench-peers`) driven against fake servers started as real processes."""
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.peers.plan import SuitePlan
+from benchmarks.peers.process import ServerProcess, ServerSpec, free_port
+from benchmarks.peers.ratios import comparison
+from benchmarks.peers.results import write_server_results
+from benchmarks.peers.run import bench_server, point_problem
+from benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec
+from tests.unit.benchmarks.conftest import MODEL_DIR
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def fake_spec(label: str):
+    def spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+        port = free_port()
+        argv = [sys.executable, "-m", "tests.unit.benchmarks.fake_server_process", str(port)]
+        return ServerSpec(label, argv, port, env={"PYTHONPATH": str(REPO)}, startup_timeout_s=30, stop_timeout_s=5)
+
+    return spec
+
+
+def port_is_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_prompts_and_seeds_per_point(tmp_path):
+    plan = SuitePlan(tmp_path)
+    assert [plan.prompts_for(c) for c in (1, 4, 16, 64)] == [8, 8, 16, 64]
+    assert SuitePlan(tmp_path, prompts_per_concurrency=2).prompts_for(64) == 128
+    assert SuitePlan(tmp_path, num_prompts=5).prompts_for(64) == 5
+
+
+def test_pagedserve_gets_its_own_extra_points(tmp_path):
+    plan = SuitePlan(tmp_path, concurrencies=(1, 4, 16), own_concurrencies=(64, 4))
+    assert plan.concurrencies_for("pagedserve") == (1, 4, 16, 64)
+    assert plan.concurrencies_for("llama.cpp") == (1, 4, 16)
+    seeds = [plan.seed_for(c) for c in (1, 4, 16, 64)]
+    assert not {s + 1 for s in seeds} & set(seeds), "a warm-up seed must never be a point's seed"
+    with pytest.raises(ValueError):
+        SuitePlan(tmp_path, concurrencies=(0,))
+
+
+def test_llama_server_gets_one_slot_per_concurrent_request(tmp_path):
+    spec = llama_spec(ServerOptions(MODEL_DIR, tmp_path, llama_ctx_per_slot=2048, threads=1), 16)
+    argv = spec.argv
+    assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == str(16 * 2048)
+    assert argv[argv.index("--port") + 1] == str(spec.port)
+
+
+def test_a_point_with_failed_requests_is_flagged(tmp_path):
+    path = tmp_path / "point.json"
+    path.write_text(json.dumps({"runs": [{"metrics": {"failed": 2}}]}))
+    assert point_problem(0, path) == "2 requests failed"
+    assert point_problem(1, path) == "serve exited with 1"
+    assert point_problem(0, tmp_path / "missing.json") == "no result file"
+
+
+def test_server_process_that_exits_is_reported_with_its_log(tmp_path):
+    spec = ServerSpec("broken", [sys.executable, "-c", "print('no model here'); raise SystemExit(3)"], free_port())
+    with pytest.raises(RuntimeError, match="exited with 3(.|\n)*no model here"):
+        with ServerProcess(spec, tmp_path / "broken.log"):
+            pass
+
+
+def test_runs_each_server_merges_points_and_compares(tmp_path):
+    plan = SuitePlan(tmp_path, concurrencies=(1, 2), workloads=("random",), min_prompts=3, num_warmups=1)
+    options = ServerOptions(MODEL_DIR, tmp_path / "peers")
+    kinds = [ServerKind("pagedserve", fake_spec("pagedserve")),
+             ServerKind("peer", fake_spec("peer"), restart_per_concurrency=True)]  # fmt: skip
+    for kind in kinds:
+        run = bench_server(kind, options, plan, plan.concurrencies)
+        assert (run.error, run.failed_points) == (None, [])
+        written = write_server_results(plan, kind.label, plan.concurrencies, plot=False)
+        assert written == [tmp_path / f"{kind.label}-random.json"]
+
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert logs == ["pagedserve-c1-2.log", "peer-c1.log", "peer-c2.log"]  # the peer was restarted per point
+    merged = json.loads((tmp_path / "peer-random.json").read_text())
+    assert [run["load"]["max_concurrency"] for run in merged["runs"]] == [1, 2]
+    assert [run["metrics"]["completed"] for run in merged["runs"]] == [3, 3]
+    assert merged["contract"]["sweep"] == "max-concurrency=1,2"
+    assert merged["contract"]["point_seeds"] == [plan.seed_for(1), plan.seed_for(2)]
+    ours = json.loads((tmp_path / "pagedserve-random.json").read_text())
+    prompts = [[r["num_prompt_tokens"] for r in run["requests"]] for run in ours["runs"]]
+    assert prompts == [[r["num_prompt_tokens"] for r in run["requests"]] for run in merged["runs"]]
+
+    table = comparison(tmp_path, ["pagedserve", "peer"], plan.workloads, plot=False)
+    assert "== random ==" in table and "ps/peer" in table
+    rows = [line for line in table.splitlines() if "median TTFT ms" in line]
+    assert [line.split()[0] for line in rows] == ["1", "2"]
