@@ -5,9 +5,9 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build redis-server gpu-check clean
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build redis-server gpu-check clean
 
-setup: $(STAMP)
+setup: $(STAMP) hooks
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,17 @@ $(STAMP): pyproject.toml
 
 model: $(STAMP)
 	$(PY) -m shared.default_model --out $(MODEL_DIR)
+
+# Commit subjects of at most 72 characters: a commit-msg hook for this clone (all its worktrees), and a check of
+# every commit since the rule began (tools/check_commit_subjects.py; `make test` runs it).
+hooks:
+	@hooks="$$(git rev-parse --git-path hooks 2>/dev/null)" || { echo "not a git checkout: no hook installed"; exit 0; }; \
+	if [ -e "$$hooks/commit-msg" ] && ! cmp -s tools/commit-msg "$$hooks/commit-msg"; then \
+	  echo "make hooks: $$hooks/commit-msg exists and is not ours; left alone (see tools/commit-msg)"; \
+	else mkdir -p "$$hooks" && install -m 755 tools/commit-msg "$$hooks/commit-msg"; fi
+
+check-commits:
+	$(PYTHON) tools/check_commit_subjects.py
 
 # Redis for the integration tests and `make run`: installed from Debian's packages when missing (needs root).
 redis-server:
@@ -50,7 +61,7 @@ run: model
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
-test: model redis-server
+test: model redis-server check-commits
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 
