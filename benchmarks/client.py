@@ -65,7 +65,7 @@ async def send_request(
     try:
         text = await asyncio.wait_for(_stream(client, cfg, request, record, start_s), cfg.request_timeout_s)
         _finish(record, text, count_tokens)
-    except asyncio.TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
+    except TimeoutError as exc:  # aiohttp's connect and read timeouts are TimeoutErrors too
         connecting = isinstance(exc, aiohttp.ConnectionTimeoutError)
         _fail(record, "connection" if connecting else "timeout", repr(exc))
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # refused/reset, or cut mid-way

@@ -5,7 +5,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import aiohttp
 import numpy as np
@@ -52,7 +52,7 @@ async def run_point(
     watcher = MetricsWatcher(client, options.metrics_url, options.poll_interval_s) if options.metrics_url else None
     if watcher is not None:
         await watcher.start()
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     with tqdm(total=len(requests), desc=point.label, disable=not options.show_progress, leave=False) as progress:
         duration_s = await _send_all(client, cfg, requests, records, offsets_s, point, progress, count_tokens)
     server_metrics = await watcher.stop() if watcher is not None else None

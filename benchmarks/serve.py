@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import aiohttp
 
@@ -39,7 +39,7 @@ async def run_serve(
 ) -> dict:
     """Returns the result document (see report.py); `on_run` sees each point's run as soon as it finishes."""
     count_tokens = tokenizer.count if tokenizer else None
-    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     async with make_http_client(cfg.endpoint) as client:
         server = await server_info(client, cfg.endpoint)
         endpoint = await resolve_eos_suppression(client, cfg.endpoint)

@@ -120,8 +120,9 @@ class RedisStateWriter:
     async def _drain(self, wait_s: float) -> list[_HashWrite | _SetReplace]:
         writes = []
         try:
-            writes.append(await asyncio.wait_for(self._queue.get(), wait_s))
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(wait_s):  # unlike wait_for, never swallows a cancel of this task
+                writes.append(await self._queue.get())
+        except TimeoutError:
             return writes
         while not self._queue.empty() and len(writes) < 1000:
             writes.append(self._queue.get_nowait())
@@ -137,8 +138,9 @@ class RedisStateWriter:
 
     async def _flush(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:
         try:
-            await asyncio.wait_for(self._execute(client, writes), self.config.redis_timeout_s)
-        except (RedisError, OSError, asyncio.TimeoutError) as exc:
+            async with asyncio.timeout(self.config.redis_timeout_s):
+                await self._execute(client, writes)
+        except (TimeoutError, RedisError, OSError) as exc:
             self.num_dropped += len(writes)
             self.connected = False
             if not self._outage_logged:
