@@ -4,8 +4,11 @@ Field `kv_cache_memory_bytes` becomes `--kv-cache-memory-bytes` and `PAGEDSERVE_
 beats the environment, which beats the field default. Nested dataclass fields are flattened (their field names
 must not collide). Help text comes from `field(metadata={"help": ...})` or else the field's trailing `# comment`.
 Fields ending in `_bytes` accept sizes like `512MiB` or `2GiB`, and their flag also answers without the unit
-(`--kv-cache-memory 2GiB`). A `Literal["a", "b"]` field takes one of its names and refuses others, from a flag or
-the environment alike; `check_choices` in a config's `__post_init__` holds configs built in code to the same.
+(`--kv-cache-memory 2GiB`). A bool field's flag works bare (`--enable-prefix-caching`), with a value
+(`--enable-prefix-caching false`) and negated (`--no-enable-prefix-caching`). A field's
+`metadata={"aliases": ("--served-model-name",)}` adds other names for its flag (vLLM's, where vLLM has the
+concept). A `Literal["a", "b"]` field takes one of its names and refuses others, from a flag or the environment
+alike; `check_choices` in a config's `__post_init__` holds configs built in code to the same.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import functools
 import inspect
 import os
 import re
+import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 ENV_PREFIX = "PAGEDSERVE_"
@@ -60,13 +64,13 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def _leaf_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+def leaf_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
     """(field, resolved type) of every non-dataclass field, nested dataclasses flattened."""
     hints = typing.get_type_hints(cls)
     leaves = []
     for f in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[f.name]):
-            leaves.extend(_leaf_fields(hints[f.name]))
+            leaves.extend(leaf_fields(hints[f.name]))
         else:
             leaves.append((f, hints[f.name]))
     return leaves
@@ -171,21 +175,116 @@ def _metavar(name: str, hint: Any) -> str:
     return "SIZE" if name.endswith("_bytes") and scalar is int else scalar.__name__.upper()
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, positional: Sequence[str] = ()) -> None:
-    """One flag per leaf field; fields named in `positional` become positional arguments (optional if env-set)."""
-    helps = _help(cls)
-    for f, hint in _leaf_fields(cls):
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = None if required else (f.default if f.default is not dataclasses.MISSING else f.default_factory())
-        shown = repr(default) if isinstance(default, str) else default
-        text = f"{helps.get(f.name, '')} [env {env_name(f.name)}" + ("" if required else f"; default {shown}") + "]"
-        if f.name in positional:
-            parser.add_argument(f.name, nargs="?", default=None, help=text.strip(), metavar=f.name.upper())
+class _BoolFlag(argparse.Action):
+    """`--x` (true), `--x VALUE`, `--no-x` (false); the value stays text, converted later like every other."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        negated = [f"--no-{flag.removeprefix('--')}" for flag in option_strings]
+        super().__init__([*option_strings, *negated], dest, nargs="?", const="true", **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string is not None and option_string.startswith("--no-"):
+            if values is not None:
+                parser.error(f"{option_string} takes no value")
+            values = "false"
+        setattr(namespace, self.dest, values)
+
+
+class ConfigHelpFormatter(argparse.HelpFormatter):
+    """Shows a bool flag as `--x [BOOL], --no-x` (argparse would repeat the metavar after --no-x)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _BoolFlag):
+            return ", ".join(f"{flag} [BOOL]" if not flag.startswith("--no-") else flag
+                             for flag in action.option_strings)
+        return super()._format_action_invocation(action)
+
+
+def bool_flag_names(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string (plain and --no-) of the parser's bool config flags."""
+    return {flag for action in parser._actions if isinstance(action, _BoolFlag) for flag in action.option_strings}
+
+
+def normalize_bool_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """Spell each bool flag as `--x=VALUE`, so that a bare `--x` never swallows the next argument (a positional).
+
+    `--x` followed by true/false/yes/no/on/off/1/0 takes it as its value; a bare `--x` is `--x=true`; `--no-x` is
+    `--x=false`. Arguments after `--` are left alone.
+    """
+    names, out, items, i = bool_flag_names(parser), [], list(argv), 0
+    while i < len(items):
+        item = items[i]
+        if item == "--":
+            return out + items[i:]
+        if item in names and item.startswith("--no-") and f"--{item.removeprefix('--no-')}" in names:
+            out.append(f"--{item.removeprefix('--no-')}=false")
+        elif item in names:
+            following = items[i + 1].strip().lower() if i + 1 < len(items) else None
+            if following in (*_TRUE, *_FALSE):
+                out.append(f"{item}={items[i + 1]}")
+                i += 1
+            else:
+                out.append(f"{item}=true")
         else:
-            flags = [flag_name(f.name)]
-            if f.name.endswith("_bytes"):
-                flags.append(flag_name(f.name.removesuffix("_bytes")))
-            parser.add_argument(*flags, dest=f.name, default=None, help=text.strip(), metavar=_metavar(f.name, hint))
+            out.append(item)
+        i += 1
+    return out
+
+
+def field_flags(f: dataclasses.Field) -> list[str]:
+    """The flag of a field, then its aliases: `--kv-cache-memory-bytes`, `--kv-cache-memory`, ..."""
+    flags = [flag_name(f.name)]
+    if f.name.endswith("_bytes"):
+        flags.append(flag_name(f.name.removesuffix("_bytes")))
+    return flags + [alias for alias in f.metadata.get("aliases", ()) if alias not in flags]
+
+
+def field_default(f: dataclasses.Field) -> Any:
+    """The field's default value; dataclasses.MISSING for a required field."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
+def format_size(num_bytes: int) -> str:
+    """4294967296 -> '4GiB'; sizes that are no whole number of a unit stay bytes."""
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = _SIZE_UNITS[unit[0]]
+        if num_bytes and num_bytes % scale == 0:
+            return f"{num_bytes // scale}{unit}"
+    return str(num_bytes)
+
+
+def field_help(f: dataclasses.Field, text: str) -> str:
+    """`text [env PAGEDSERVE_X; default Y]`, the help line of a field's flag."""
+    default = field_default(f)
+    required = default is dataclasses.MISSING
+    shown = repr(default) if isinstance(default, str) else default
+    if f.name.endswith("_bytes") and isinstance(default, int) and not isinstance(default, bool):
+        shown = format_size(default)
+    return f"{text} [env {env_name(f.name)}" + ("" if required else f"; default {shown}") + "]"
+
+
+def add_config_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type,
+                         positional: Sequence[str] = (), only: Callable[[str], bool] = lambda name: True,
+                         note: Mapping[str, str] | None = None) -> None:
+    """One flag per leaf field; fields named in `positional` become positional arguments (optional if env-set).
+
+    `parser` may be an argument group. `only` picks the fields to add (all by default); `note` appends text to the
+    help of the fields it names.
+    """
+    helps, note = _help(cls), note or {}
+    for f, hint in leaf_fields(cls):
+        if not only(f.name):
+            continue
+        text = field_help(f, f"{helps.get(f.name, '')}{note.get(f.name, '')}".strip()).strip()
+        if f.name in positional:
+            parser.add_argument(f.name, nargs="?", default=None, help=text, metavar=f.name.upper())
+        elif _scalar_type(hint)[0] is bool:
+            parser.add_argument(*field_flags(f), dest=f.name, default=None, help=text, metavar="BOOL",
+                                action=_BoolFlag)
+        else:
+            parser.add_argument(*field_flags(f), dest=f.name, default=None, help=text, metavar=_metavar(f.name, hint))
 
 
 def config_from_args(cls: type[C], args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> C:
@@ -213,9 +312,9 @@ def _build(cls: type[C], values: Mapping[str, Any], environ: Mapping[str, str]) 
 def parse_config(cls: type[C], argv: Sequence[str] | None, description: str, prog: str | None = None,
                  positional: Sequence[str] = ()) -> C:
     """The one call a service's `__main__` makes: flags + environment -> frozen config (exits 2 on bad input)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = argparse.ArgumentParser(prog=prog, description=description, formatter_class=ConfigHelpFormatter)
     add_config_arguments(parser, cls, positional)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(normalize_bool_flags(parser, sys.argv[1:] if argv is None else argv))
     try:
         return config_from_args(cls, args)
     except (ConfigError, ValueError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from shared.cli_config import check_choices
@@ -13,11 +13,12 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    model_dir: str
-    model_name: str | None = None  # served name; defaults to the folder name
+    model_dir: str  # Hugging Face model folder: config.json, *.safetensors
+    model_name: str | None = field(default=None, metadata={  # vLLM's name for it: --served-model-name
+        "aliases": ("--served-model-name",), "help": "the name clients send as `model`; default: the folder name"})
     dtype: DtypeName = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
-    block_size: int = 16
+    block_size: int = 16  # tokens per KV block (the unit of allocation and of prefix caching)
     kv_cache_dtype: DtypeName = "auto"  # auto (float16 for fp32 models on CPU, else the model's), or a dtype
     kv_cache_memory_bytes: int = 4 * 1024**3  # CPU budget for the KV pool (SmolLM2-135M with fp16 KV: 186k tokens)
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool

@@ -10,7 +10,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # token budget of one step (decodes + prefill chunks)
     max_num_seqs: int = 64  # running requests at most
     enable_chunked_prefill: bool = True  # split long prompts so that decodes keep streaming
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = True  # reuse the KV blocks of prompt prefixes seen before (automatic)
     watermark: float = 0.01  # fraction of blocks admissions leave free, so running decodes are not starved
     # A prompt whose rest exceeds what is left of the step's budget by at most this many tokens is finished in the
     # step instead of leaving a short tail for the next: its first token comes a whole step earlier, and a step

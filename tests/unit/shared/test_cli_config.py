@@ -13,6 +13,7 @@ from shared.cli_config import (
     add_config_arguments,
     check_choices,
     config_from_args,
+    normalize_bool_flags,
     parse_config,
     parse_size_bytes,
 )
@@ -117,3 +118,31 @@ def test_check_choices_holds_configs_built_in_code():
     assert Named("exact", None).mode == "exact"
     with pytest.raises(ValueError, match="backend: expected one of a, b, got 'c'"):
         Named("fast", "c")  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Flags:
+    model_dir: str = "m"
+    enabled: bool = False
+    model_name: str | None = field(default=None, metadata={"aliases": ("--served-model-name",)})
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--enabled"], True), (["--enabled", "models/a"], True), (["--enabled", "false", "models/a"], False),
+    (["--enabled=on"], True), (["--no-enabled", "models/a"], False), (["models/a"], False),
+])
+def test_bool_flags_bare_valued_and_negated_in_every_service(argv, expected):
+    config = parse_config(Flags, argv, "", positional=("model_dir",))
+    assert config.enabled is expected
+    assert config.model_dir == ("models/a" if "models/a" in argv else "m")
+
+
+def test_aliases_name_the_same_field():
+    assert parse_config(Flags, ["--served-model-name", "x"], "").model_name == "x"
+    assert parse_config(Flags, ["--model-name", "y"], "").model_name == "y"
+
+
+def test_bool_normalization_leaves_everything_after_a_double_dash():
+    parser = argparse.ArgumentParser()
+    add_config_arguments(parser, Flags)
+    assert normalize_bool_flags(parser, ["--enabled", "--", "--enabled"]) == ["--enabled=true", "--", "--enabled"]
