@@ -13,13 +13,23 @@ from services.gateway.sampling import load_generation_defaults
 from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.serving import Serving
 from services.gateway.tokenizer import PromptTokenizer
+from services.ports import PortInUseError, port_is_free
 from shared.cli_config import parse_config
 from shared.log_setup import setup_logging
+from shared.model_dir import model_dir_problem
 from shared.tracing import setup_tracing, shutdown_tracing
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     config = parse_config(GatewayConfig, argv, __doc__, prog=prog, positional=("model_dir",))
+    problem = model_dir_problem(config.model_dir, weights=False)
+    if problem is not None:
+        print(f"{prog or 'gateway'}: error: {problem}", file=sys.stderr)
+        return 2
+    if not port_is_free(config.host, config.port):
+        print(f"{prog or 'gateway'}: error: {PortInUseError(config.host, config.port, 'the gateway', '--port')}",
+              file=sys.stderr)
+        return 2
     setup_logging(config.log_level)
     tracing = setup_tracing("pagedserve-gateway")
     serving = Serving(config, PromptTokenizer(config.model_dir),

@@ -11,6 +11,7 @@ from services.gpu_worker.server import WorkerServicer, build_server, set_serving
 from services.gpu_worker.service_config import WorkerServiceConfig
 from shared.cli_config import parse_config
 from shared.log_setup import setup_logging
+from shared.model_dir import model_dir_problem
 from shared.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("pagedserve.worker")
@@ -18,10 +19,18 @@ log = logging.getLogger("pagedserve.worker")
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     config = parse_config(WorkerServiceConfig, argv, __doc__, prog=prog, positional=("model_dir",))
+    problem = model_dir_problem(config.worker.model_dir, tokenizer=False)
+    if problem is not None:
+        print(f"{prog or 'worker'}: error: {problem}", file=sys.stderr)
+        return 2
     setup_logging(config.log_level)
-    setup_tracing("pagedserve-worker")
     servicer = WorkerServicer()
-    server, health_servicer = build_server(servicer, config.worker_host, config.worker_port)
+    try:
+        server, health_servicer = build_server(servicer, config.worker_host, config.worker_port)
+    except OSError as exc:  # a port in use, or an address not of this machine: one line, not a traceback
+        log.error("%s", exc)
+        return 2
+    setup_tracing("pagedserve-worker")
     server.start()
     log.info("worker gRPC on %s:%d; loading %s", config.worker_host, config.worker_port, config.worker.model_dir)
 

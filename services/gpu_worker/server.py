@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from services.grpc_errors import ServiceNotReady, map_errors
+from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
 from services.proto_convert.common import description_to_pb
 from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
 from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
@@ -99,14 +100,14 @@ def _end_request_spans(spans: dict[str, trace.Span], output: StepOutput) -> None
 
 def build_server(servicer: WorkerServicer, host: str, port: int) -> tuple[grpc.Server, health.HealthServicer]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        *GRPC_SERVER_OPTIONS])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     for name in ("", SERVICE_NAME):
         health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if server.add_insecure_port(f"{host}:{port}") == 0:
-        raise OSError(f"cannot bind the worker's gRPC server to {host}:{port}")
+    bind_grpc_port(server, host, port, "the worker's gRPC server", "--worker-port")
     return server, health_servicer
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
+from services.ports import PortInUseError
 from services.scheduler.server import serve
 from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import parse_config
@@ -19,6 +21,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     setup_tracing("pagedserve-scheduler")
     try:
         run(serve(config), config.loop)
+    except PortInUseError as exc:  # one line naming the port and its flag, not a traceback
+        logging.getLogger("pagedserve.scheduler").error("%s", exc)
+        return 2
     finally:
         shutdown_tracing()
     return 0

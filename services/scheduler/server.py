@@ -11,6 +11,7 @@ import socket
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.redis_state import RedisStateWriter
@@ -45,8 +46,16 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
         log.info("Redis state copy at %s under pagedserve:%s:*", config.state.redis_url, instance_id)
     servicer.engine = engine
     await _set_serving(health_servicer, True)
-    log.info("scheduler ready: %s, %d KV blocks of %d tokens, context %d", description.model_name,
-             description.num_kv_blocks, description.block_size, description.max_model_len)
+    policy = config.scheduler
+    log.info("scheduler ready: %s, %d KV blocks of %d tokens, context %d; max_num_seqs %d, "
+             "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s", description.model_name,
+             description.num_kv_blocks, description.block_size, description.max_model_len, policy.max_num_seqs,
+             policy.max_num_batched_tokens, _on_off(policy.enable_prefix_caching),
+             _on_off(policy.enable_chunked_prefill))
+
+
+def _on_off(enabled: bool) -> str:
+    return "on" if enabled else "off"
 
 
 async def _run_engine(engine: EngineLoop, stop: asyncio.Event) -> None:
@@ -66,15 +75,15 @@ def _redis_stats(engine: EngineLoop) -> dict:
 
 
 async def serve(config: SchedulerServiceConfig) -> None:
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
     servicer = SchedulerServicer()
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     await _set_serving(health_servicer, False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{config.scheduler_host}:{config.scheduler_port}"
-    if server.add_insecure_port(address) == 0:
-        raise OSError(f"cannot bind the scheduler's gRPC server to {address}")
+    bind_grpc_port(server, config.scheduler_host, config.scheduler_port, "the scheduler's gRPC server",
+                   "--scheduler-port")
     await server.start()
     log.info("scheduler gRPC on %s; worker at %s", address, config.worker_address)
 
