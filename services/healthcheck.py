@@ -13,10 +13,12 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def grpc_serving(address: str, timeout_s: float) -> bool:
+def grpc_serving(address: str, timeout_s: float, service: str = "") -> bool:
+    """True when the server at `address` reports `service` SERVING ("": the server as a whole)."""
     with grpc.insecure_channel(address) as channel:
         try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                              timeout=timeout_s)
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING

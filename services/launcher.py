@@ -2,7 +2,9 @@
 
 Each child runs in its own session (a terminal's Ctrl-C reaches only this launcher, which then stops the gateway
 first and the worker last) and receives SIGTERM if the launcher dies. Child output is prefixed by service name.
-Every other service flag can be set through its PAGEDSERVE_* variable, which the children inherit.
+`serve` takes every flag of the three services (serve_config.py); the model folder and the ports are checked
+before any child starts: a bad folder or a taken gateway port stops it with exit code 2, and a taken internal
+port moves to a free one unless it was chosen explicitly.
 """
 
 from __future__ import annotations
@@ -14,34 +16,28 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
 import httpx
 
-from shared.cli_config import check_choices, parse_config
-from shared.log_setup import LogLevel
+from services.healthcheck import grpc_serving
+from services.ports import PortInUseError, free_port, port_is_free
+from services.serve_config import (
+    INTERNAL_HOST,
+    SERVICES,
+    ServeConfig,
+    child_command,
+    child_environment,
+    parse_serve_config,
+    with_ports,
+)
+from shared.cli_config import flag_name
+from shared.model_dir import model_dir_problem
 
 _PR_SET_PDEATHSIG = 1
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    model_dir: str  # Hugging Face model folder to serve
-    host: str = "127.0.0.1"  # interface of the gateway's HTTP server (0.0.0.0 for all)
-    port: int = 8000  # the gateway's HTTP port: where clients send requests
-    scheduler_port: int = 50051  # the scheduler's gRPC port (on 127.0.0.1)
-    worker_port: int = 50061  # the worker's gRPC port (on 127.0.0.1)
-    redis_url: str = ""  # the scheduler's Redis state copy, e.g. redis://127.0.0.1:6379/0; empty: none
-    api_key: str | None = None  # require `Authorization: Bearer KEY` on /v1/*
-    kv_cache_memory_bytes: int = 4 * 1024**3  # the worker's KV pool on CPU (on GPU a memory fraction applies)
-    startup_timeout_s: float = 600.0  # give up when the gateway is not healthy by then
-    stop_timeout_s: float = 15.0  # per service, before SIGKILL
-    log_level: LogLevel = "info"  # debug, info, warning, error
-
-    def __post_init__(self) -> None:
-        check_choices(self)
+SCHEDULER_SERVICE = "pagedserve.v1.SchedulerService"  # its gRPC health name for readiness
 
 
 @dataclass
@@ -58,20 +54,31 @@ def _die_with_parent() -> None:
         pass
 
 
-def child_commands(config: ServeConfig) -> list[tuple[str, list[str]]]:
-    python, level = sys.executable, ["--log-level", config.log_level]
-    return [
-        ("worker", [python, "-m", "services.gpu_worker", config.model_dir, "--worker-host", "127.0.0.1",
-                    "--worker-port", str(config.worker_port),
-                    "--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes), *level]),
-        ("scheduler", [python, "-m", "services.scheduler", "--scheduler-host", "127.0.0.1",
-                       "--scheduler-port", str(config.scheduler_port),
-                       "--worker-address", f"127.0.0.1:{config.worker_port}", "--redis-url", config.redis_url,
-                       *level]),
-        ("gateway", [python, "-m", "services.gateway", config.model_dir, "--host", config.host,
-                     "--port", str(config.port), "--scheduler-address", f"127.0.0.1:{config.scheduler_port}",
-                     *level]),
-    ]
+def resolve_ports(config: ServeConfig, log: Callable[[str], None]) -> ServeConfig:
+    """The config with internal ports that are free: a taken default moves to a free port (said through `log`); a
+    taken port given by flag or PAGEDSERVE_* variable, or a taken gateway port, raises PortInUseError."""
+    gateway = config.gateway
+    if not port_is_free(gateway.host, gateway.port):
+        raise PortInUseError(gateway.host, gateway.port, "the gateway (HTTP)", "--port")
+    taken = {gateway.port}
+    ports = {}
+    for name, what in (("scheduler_port", "the scheduler's gRPC server"), ("worker_port", "the worker's gRPC server")):
+        port = getattr(config.scheduler if name == "scheduler_port" else config.worker, name)
+        if port not in taken and port_is_free(INTERNAL_HOST, port):
+            ports[name] = port
+        elif name in config.explicit:
+            raise PortInUseError(INTERNAL_HOST, port, what, flag_name(name))
+        else:
+            ports[name] = _another_free_port(taken)
+            log(f"port {port} for {what} is in use: using {ports[name]} instead (choose one with {flag_name(name)})")
+        taken.add(ports[name])
+    return with_ports(config, ports["scheduler_port"], ports["worker_port"])
+
+
+def _another_free_port(taken: set[int]) -> int:
+    while (port := free_port(INTERNAL_HOST)) in taken:
+        pass
+    return port
 
 
 def _pump(name: str, stream: IO[str]) -> None:
@@ -81,11 +88,10 @@ def _pump(name: str, stream: IO[str]) -> None:
 
 
 def start_children(config: ServeConfig) -> list[Child]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if config.api_key:
-        env["PAGEDSERVE_API_KEY"] = config.api_key  # not on the command line, where `ps` shows it
+    env = child_environment(config, os.environ)  # secrets there, not on the command line where `ps` shows them
     children = []
-    for name, argv in child_commands(config):  # all started before any pump thread exists (preexec_fn rule)
+    for name in SERVICES:  # all started before any pump thread exists (preexec_fn rule)
+        argv = child_command(config, name)
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                    start_new_session=True, preexec_fn=_die_with_parent)
         children.append(Child(name, process))
@@ -111,28 +117,44 @@ def _exited(children: list[Child]) -> Child | None:
     return next((c for c in children if c.process.poll() is not None), None)
 
 
+def _base_url(config: ServeConfig) -> str:
+    host = config.gateway.host
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{config.gateway.port}"
+
+
 def wait_until_healthy(config: ServeConfig, children: list[Child], stop: threading.Event) -> str | None:
-    """The served model's name once the gateway's /health is 200; None when a child died or we were stopped."""
-    base = f"http://{'127.0.0.1' if config.host == '0.0.0.0' else config.host}:{config.port}"
-    deadline_s = time.monotonic() + config.startup_timeout_s
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
-        while not stop.is_set() and _exited(children) is None and time.monotonic() < deadline_s:
+    """The served model's name once the gateway's /health is 200; None when a child died or we were stopped.
+
+    Waits for the scheduler's gRPC readiness first, so that the gateway is not asked (and does not log and count
+    503s) while the model loads; the gateway's /health then checks the scheduler itself and answers 200 at once.
+    """
+    deadline_s = time.monotonic() + config.launcher.startup_timeout_s
+    scheduler = f"{INTERNAL_HOST}:{config.scheduler.scheduler_port}"
+
+    def waiting() -> bool:
+        return not stop.is_set() and _exited(children) is None and time.monotonic() < deadline_s
+
+    while waiting() and not grpc_serving(scheduler, 2.0, SCHEDULER_SERVICE):
+        stop.wait(0.25)
+    with httpx.Client(base_url=_base_url(config), timeout=5.0, trust_env=False) as client:
+        while waiting():
             try:
-                if client.get(base + "/health").status_code == 200:
-                    return client.get(base + "/v1/models", headers=_auth(config)).json()["data"][0]["id"]
+                if client.get("/health").status_code == 200:
+                    return client.get("/v1/models", headers=_auth(config)).json()["data"][0]["id"]
             except httpx.HTTPError:
                 pass
-            stop.wait(0.5)
+            stop.wait(0.25)
     return None
 
 
 def _auth(config: ServeConfig) -> dict[str, str]:
-    return {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    key = config.gateway.api_key
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def ready_banner(config: ServeConfig, model_name: str) -> str:
-    base = f"http://{'127.0.0.1' if config.host == '0.0.0.0' else config.host}:{config.port}"
-    auth = f" -H 'Authorization: Bearer {config.api_key}'" if config.api_key else ""
+    base = _base_url(config)
+    auth = f" -H 'Authorization: Bearer {config.gateway.api_key}'" if config.gateway.api_key else ""
     body = (f'{{"model": "{model_name}", "messages": [{{"role": "user", "content": "What is the capital of '
             f'France?"}}], "max_tokens": 32, "temperature": 0}}')
     return "\n".join([
@@ -145,8 +167,27 @@ def ready_banner(config: ServeConfig, model_name: str) -> str:
     ])
 
 
+def _say(text: str) -> None:
+    print(f"launcher | {text}", flush=True)
+
+
+def checked_config(argv: Sequence[str] | None, prog: str | None) -> ServeConfig | str:
+    """The config to start, or the one-line reason not to start anything (model folder, ports)."""
+    config = parse_serve_config(argv, prog)
+    problem = model_dir_problem(config.launcher.model_dir)
+    if problem is not None:
+        return problem
+    try:
+        return resolve_ports(config, _say)
+    except PortInUseError as exc:
+        return str(exc)
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    config = parse_config(ServeConfig, argv, __doc__.splitlines()[0], prog=prog, positional=("model_dir",))
+    config = checked_config(argv, prog)
+    if isinstance(config, str):
+        print(f"{prog or 'pagedserve serve'}: error: {config}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, f: stop.set())
@@ -167,5 +208,5 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 0
     finally:
         print("launcher | stopping gateway, scheduler, worker", flush=True)
-        stop_children(children, config.stop_timeout_s)
+        stop_children(children, config.launcher.stop_timeout_s)
         print("launcher | stopped", flush=True)

@@ -112,7 +112,7 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
 
     @app.get("/health")
     async def health():
-        if not serving.ready:
+        if not serving.ready and not await serving.refresh():  # no lag behind the periodic poll
             raise OpenAIError(503, "the scheduler is not ready", code="service_unavailable")
         return {"status": "ok"}
 

@@ -64,18 +64,23 @@ class Serving:
     async def watch_scheduler(self) -> None:
         """Poll the scheduler's health forever; describe its model when it becomes ready."""
         while True:
-            serving = await self.client.is_serving()
-            if serving and self.model is None:
-                try:
-                    self.model = await self.client.describe()
-                except Exception as exc:  # retried at the next poll
-                    log.warning("describe failed: %s", exc)
-                    serving = False
-            if serving != self.ready:
-                if serving:
-                    log.info("scheduler at %s ready: serving %s (context %d)", self.client.address,
-                             self.model.model_name, self.model.max_model_len)
-                else:
-                    log.warning("scheduler at %s unavailable", self.client.address)
-            self.ready = serving and self.model is not None
+            await self.refresh()
             await asyncio.sleep(self.config.health_poll_interval_s)
+
+    async def refresh(self) -> bool:
+        """Ask the scheduler now whether it serves (describing its model the first time); returns `ready`."""
+        serving = await self.client.is_serving()
+        if serving and self.model is None:
+            try:
+                self.model = await self.client.describe()
+            except Exception as exc:  # retried at the next poll
+                log.warning("describe failed: %s", exc)
+                serving = False
+        if serving != self.ready:
+            if serving:
+                log.info("scheduler at %s ready: serving %s (context %d)", self.client.address,
+                         self.model.model_name, self.model.max_model_len)
+            else:
+                log.warning("scheduler at %s unavailable", self.client.address)
+        self.ready = serving and self.model is not None
+        return self.ready

@@ -6,7 +6,6 @@ import pytest
 
 from services.gateway.config import GatewayConfig
 from services.gpu_worker.service_config import WorkerServiceConfig
-from services.launcher import ServeConfig
 from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import parse_config
 
@@ -17,7 +16,6 @@ CASES = [
     (WorkerServiceConfig, ["m", "--dtype", "float8"], "--dtype: expected one of auto, float32, bfloat16, float16"),
     (WorkerServiceConfig, ["m", "--kv-cache-dtype", "int8"], "--kv-cache-dtype: expected one of auto, float32"),
     (WorkerServiceConfig, ["m", "--attention-backend", "flash"], "--attention-backend: expected one of auto, torch"),
-    (ServeConfig, ["m", "--log-level", "loud"], "--log-level: expected one of debug, info, warning, error"),
 ]
 
 
