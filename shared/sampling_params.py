@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+# Widths of the wire fields (proto/pagedserve/v1/common.proto) these values travel in: a value past them cannot be
+# sent, so it is refused here, where it becomes a 400 naming the field, instead of failing the protobuf encoder.
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class SamplingParamsError(ValueError):
@@ -44,19 +51,25 @@ class SamplingParams:
     def validate(self) -> None:
         checks = [
             (self.max_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.max_tokens <= UINT32_MAX, "max_tokens",
+             f"max_tokens must be at most {UINT32_MAX}, got {self.max_tokens}"),
             (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
             (self.min_tokens <= self.max_tokens, "min_tokens",
              f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
-            (self.temperature >= 0.0, "temperature", f"temperature must be non-negative, got {self.temperature}"),
+            (0.0 <= self.temperature < math.inf, "temperature",
+             f"temperature must be non-negative and finite, got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
-            (self.top_k >= -1, "top_k", f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}"),
+            (-1 <= self.top_k <= INT32_MAX, "top_k",
+             f"top_k must be -1, 0 (disabled) or positive up to {INT32_MAX}, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (self.repetition_penalty > 0.0, "repetition_penalty",
-             f"repetition_penalty must be positive, got {self.repetition_penalty}"),
+            (0.0 < self.repetition_penalty < math.inf, "repetition_penalty",
+             f"repetition_penalty must be positive and finite, got {self.repetition_penalty}"),
+            (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed",
+             f"seed must be a 64-bit signed integer (between {INT64_MIN} and {INT64_MAX}), got {self.seed}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
              f"logprobs must be between 0 and 20, got {self.logprobs}"),
         ]
@@ -66,5 +79,10 @@ class SamplingParams:
         for token_id, bias in self.logit_bias.items():
             if not -100.0 <= bias <= 100.0:
                 raise SamplingParamsError(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias")
-            if token_id < 0:
-                raise SamplingParamsError(f"logit_bias token ids must be non-negative, got {token_id}", "logit_bias")
+            if not 0 <= token_id <= INT32_MAX:
+                raise SamplingParamsError(f"logit_bias token ids must be between 0 and {INT32_MAX}, got {token_id}",
+                                          "logit_bias")
+        bad_stop = next((t for t in self.stop_token_ids if not 0 <= t <= INT32_MAX), None)
+        if bad_stop is not None:
+            raise SamplingParamsError(f"stop_token_ids must be between 0 and {INT32_MAX}, got {bad_stop}",
+                                      "stop_token_ids")

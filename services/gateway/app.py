@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from services.gateway.chat import create_chat_completion
 from services.gateway.completions import create_completion
-from services.gateway.errors import OpenAIError, error_response, install_error_handlers
+from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from services.gateway.serving import Serving
 
@@ -49,6 +49,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(AuthAndCount, serving=serving)
+    app.add_middleware(ErrorBoundary)  # added last: the outermost of ours
     _add_routes(app, serving)
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor

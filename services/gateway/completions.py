@@ -12,7 +12,7 @@ from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceDelta
 from services.gateway.logprobs_format import completion_logprobs
 from services.gateway.protocol import CompletionRequest
-from services.gateway.sampling import RequestShape
+from services.gateway.sampling import RequestShape, check_token_ids
 from services.gateway.serving import Serving
 from services.gateway.streaming import (
     collect_until_disconnect,
@@ -33,8 +33,9 @@ def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]:
     if not prompt:
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
     if isinstance(prompt[0], int):
-        return [list(prompt)]
-    return [serving.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        return [check_token_ids(list(prompt), serving.limits.vocab_size, "prompt")]
+    return [serving.tokenizer.encode(p) if isinstance(p, str) else
+            check_token_ids(list(p), serving.limits.vocab_size, "prompt") for p in prompt]
 
 
 def _check_unsupported(body: CompletionRequest) -> None:

@@ -19,7 +19,7 @@ class GatewayConfig:
     port: int = 8000  # the OpenAI-compatible HTTP port
     scheduler_address: str = "127.0.0.1:50051"  # host:port of the scheduler's gRPC server
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
-    max_num_choices: int = 16  # upper bound on `n` (each choice is one scheduler request)
+    max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)

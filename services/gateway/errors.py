@@ -1,7 +1,12 @@
-"""The one place that maps errors to OpenAI's JSON shape and HTTP status: {"error": {message, type, param, code}}."""
+"""The one place that maps errors to OpenAI's JSON shape and HTTP status: {"error": {message, type, param, code}}.
+
+Every 429 and 503 carries `Retry-After` (seconds): the scheduler's own estimate when it sent one (trailing gRPC
+metadata `retry-after-s`), else DEFAULT_RETRY_AFTER_S.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import grpc
@@ -14,6 +19,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from shared.sampling_params import SamplingParamsError
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_METADATA = "retry-after-s"  # trailing metadata of a RESOURCE_EXHAUSTED / UNAVAILABLE status
+DEFAULT_RETRY_AFTER_S = 1
+_RETRYABLE = (429, 503)
 
 _GRPC_TO_HTTP = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
@@ -32,17 +41,24 @@ class OpenAIError(Exception):
     """An error answered to the client as it is; raise it anywhere in the gateway."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str | None = None) -> None:
+                 error_type: str | None = None, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
         self.error_type = error_type or _TYPES.get(status, "server_error")
+        if retry_after_s is None and status in _RETRYABLE:
+            retry_after_s = DEFAULT_RETRY_AFTER_S
+        self.retry_after_s = retry_after_s
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
                           "code": self.code}}
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
 
 def _from_validation(exc: RequestValidationError) -> OpenAIError:
@@ -52,7 +68,21 @@ def _from_validation(exc: RequestValidationError) -> OpenAIError:
         return OpenAIError(400, f"Malformed JSON in the request body: {first.get('msg')}", code="invalid_json")
     param = ".".join(loc) or None
     where = f"'{param}': " if param else ""
-    return OpenAIError(400, f"{where}{first.get('msg')}", param=param, code="invalid_value")
+    if (first.get("ctx") or {}).get("param"):  # a whole-body check that names the field itself
+        param, where = first["ctx"]["param"], ""
+    message = str(first.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return OpenAIError(400, f"{where}{message}", param=param, code="invalid_value")
+
+
+def _retry_after_s(exc: grpc.aio.AioRpcError) -> int | None:
+    """The scheduler's `retry-after-s` trailing metadata as whole seconds (at least 1); None when absent or bad."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == RETRY_AFTER_METADATA:
+            try:
+                return max(1, int(float(value)))
+            except (TypeError, ValueError, OverflowError):
+                return None
+    return None
 
 
 def to_openai_error(exc: BaseException) -> OpenAIError:
@@ -65,18 +95,54 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, grpc.aio.AioRpcError):
         status = _GRPC_TO_HTTP.get(exc.code(), 500)
         message = exc.details() or exc.code().name
+        code = {429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status)
         if status == 503:
             message = f"the scheduler is unavailable: {message}"
-        return OpenAIError(status, message, code="service_unavailable" if status == 503 else None)
+        return OpenAIError(status, message, code=code, retry_after_s=_retry_after_s(exc))
     if isinstance(exc, StarletteHTTPException):
         return OpenAIError(exc.status_code, str(exc.detail))
     log.exception("unexpected error", exc_info=exc)
     return OpenAIError(500, f"internal server error: {type(exc).__name__}")
 
 
-def error_response(exc: BaseException) -> JSONResponse:
+class ErrorJSONResponse(JSONResponse):
+    """ASCII-escaped JSON: an error that quotes the client's input renders whatever that input holds."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
+def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
     error = to_openai_error(exc)
-    return JSONResponse(error.body(), status_code=error.status)
+    return ErrorJSONResponse(error.body(), status_code=error.status, headers={**error.headers, **(headers or {})})
+
+
+class ErrorBoundary:
+    """Outermost app middleware: an exception no handler took becomes a 500 JSON response here, so the connection
+    stays usable (Starlette's last-resort handler re-raises, and the server then drops the connection, which a
+    pooled client sees as a reset on its next request). After the response started the error is re-raised: only
+    closing the connection can tell the client its body is cut."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def note_start(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, note_start)
+        except Exception as exc:
+            if started:
+                raise
+            await error_response(exc)(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:

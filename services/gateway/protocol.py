@@ -1,24 +1,66 @@
-"""Request bodies of the OpenAI-compatible API (pydantic). Types only: value ranges are checked in sampling.py.
+"""Request bodies of the OpenAI-compatible API (pydantic). Types and shape limits here; sampling value ranges are
+checked in sampling.py.
 
-Unknown fields are ignored (clients send extras through `extra_body`).
+Unknown fields are ignored (clients send extras through `extra_body`). Every string of a request must be valid
+Unicode (JSON's `\\ud800` escape decodes to a lone surrogate, which no tokenizer, protobuf or UTF-8 encoder takes)
+and every number finite.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+MAX_STOP_STRINGS = 16  # stop strings are matched against every delta: their number and length bound that work
+MAX_STOP_STRING_CHARS = 256
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_path(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first string (value or dict key) holding a lone surrogate; None when all are valid."""
+    if isinstance(value, str):
+        return path if _LONE_SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            where = f"{path}.{ascii(key)[1:-1]}" if path else ascii(key)[1:-1]
+            found = where if isinstance(key, str) and _LONE_SURROGATE.search(key) else lone_surrogate_path(item, where)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if type(item) is not int:  # prompts of token ids: skip their elements cheaply
+                found = lone_surrogate_path(item, f"{path}.{i}")
+                if found is not None:
+                    return found
+    return None
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+class _Request(_Body):
+    """A whole request body: refused (400, with the field as `param`) when any string in it is not valid Unicode."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = lone_surrogate_path(data)
+        if path is not None:
+            raise PydanticCustomError("lone_surrogate", "'{param}': the text holds a lone UTF-16 surrogate (an "
+                                      "unpaired \\ud800-\\udfff escape), which is not valid Unicode",
+                                      {"param": path})
+        return data
 
 
 class StreamOptions(_Body):
     include_usage: bool = False  # a last chunk with usage before [DONE]
 
 
-class SamplingFields(_Body):
+class SamplingFields(_Request):
     """Fields chat and completions share."""
 
     model: str | None = None  # None: the served model
@@ -28,7 +70,7 @@ class SamplingFields(_Body):
     top_k: int | None = None
     min_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = None  # at most MAX_STOP_STRINGS, each at most MAX_STOP_STRING_CHARS long
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
@@ -41,6 +83,16 @@ class SamplingFields(_Body):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted for compatibility (OpenAI's end-user id); not used
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        stops = [stop] if isinstance(stop, str) else stop or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        if any(len(s) > MAX_STOP_STRING_CHARS for s in stops):
+            raise ValueError(f"a stop string may be at most {MAX_STOP_STRING_CHARS} characters long")
+        return stop
 
     @property
     def include_usage(self) -> bool:
@@ -82,13 +134,13 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None  # not supported: 400 when set
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Request):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None  # tokenized through the chat template when given
     add_special_tokens: bool = True
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(_Request):
     model: str | None = None
     tokens: list[int]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from services.gateway.errors import OpenAIError
 from services.gateway.protocol import SamplingFields
-from shared.sampling_params import SamplingParams, SamplingParamsError
+from shared.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, SamplingParamsError
 
 # generation_config.json key -> SamplingParams field it provides a default for
 _GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -65,9 +65,10 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None, logpr
     try:
         params = SamplingParams(
             max_tokens=max_tokens, min_tokens=request.min_tokens, **optional,
-            seed=None if request.seed is None else request.seed + choice_index,  # n choices with a seed differ
+            seed=_choice_seed(request.seed, choice_index),
             logit_bias=_logit_bias(request.logit_bias, limits.vocab_size), logprobs=logprobs,
-            stop_token_ids=tuple(_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids")),
+            stop_token_ids=tuple(dict.fromkeys(  # duplicates dropped: at most vocab_size ids
+                check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids"))),
             ignore_eos=request.ignore_eos)
     except SamplingParamsError as exc:
         param = {"max_tokens": shape.max_tokens_param, "logprobs": shape.logprobs_param}.get(exc.param, exc.param)
@@ -81,6 +82,13 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None, logpr
     return params
 
 
+def _choice_seed(seed: int | None, choice_index: int) -> int | None:
+    """Choice i of a seeded request samples with seed + i (so n choices differ), wrapped to stay a 64-bit seed."""
+    if seed is None or not INT64_MIN <= seed <= INT64_MAX:
+        return seed  # None, or out of range: SamplingParams refuses it with param "seed"
+    return (seed + choice_index - INT64_MIN) % 2**64 + INT64_MIN
+
+
 def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, float]:
     bias = {}
     for key, value in (raw or {}).items():
@@ -89,12 +97,14 @@ def _logit_bias(raw: dict[str, float] | None, vocab_size: int) -> dict[int, floa
         except ValueError:
             raise OpenAIError(400, f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
         bias[token_id] = value
-    _token_ids(list(bias), vocab_size, "logit_bias")
+    check_token_ids(list(bias), vocab_size, "logit_bias")
     return bias
 
 
-def _token_ids(token_ids: list[int], vocab_size: int, param: str) -> list[int]:
-    bad = [t for t in token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise OpenAIError(400, f"{param}: token id {bad[0]} is out of the vocabulary (size {vocab_size})", param=param)
+def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> list[int]:
+    """The ids as they are when all lie in [0, vocab_size); else a 400 naming the first bad one."""
+    if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab_size):
+        bad = next(t for t in token_ids if not 0 <= t < vocab_size)
+        raise OpenAIError(400, f"{param}: token id {bad} is out of the vocabulary (size {vocab_size})", param=param,
+                          code="invalid_value")
     return token_ids

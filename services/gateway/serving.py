@@ -47,10 +47,13 @@ class Serving:
     def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
                    logprobs: int | None, shape: RequestShape) -> list[ChoiceJob]:
         """n scheduler requests per prompt; one req_id when there is one choice, `{req_id}-{i}` otherwise."""
-        if body.n > self.config.max_num_choices:
-            raise OpenAIError(400, f"n must be at most {self.config.max_num_choices}, got {body.n}", param="n")
+        limit, num_choices = self.config.max_num_choices, len(prompts) * body.n
+        if body.n > limit:
+            raise OpenAIError(400, f"n must be at most {limit}, got {body.n}", param="n")
+        if num_choices > limit:
+            raise OpenAIError(400, f"a request may ask for at most {limit} choices (prompts x n), got "
+                                   f"{len(prompts)} x {body.n}", param=shape.prompt_param)
         jobs = []
-        num_choices = len(prompts) * body.n
         for prompt_index, prompt_ids in enumerate(prompts):
             for i in range(body.n):
                 params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,

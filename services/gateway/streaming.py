@@ -174,6 +174,11 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def sse_error(exc: BaseException) -> str:
+    """The error event: ASCII-escaped, since its message may quote the client's input."""
+    return f"data: {json.dumps(to_openai_error(exc).body())}\n\n"
+
+
 SSE_DONE = "data: [DONE]\n\n"
 
 
@@ -189,7 +194,7 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_ch
                 tracker.add(delta)
                 yield sse(to_chunk(delta))
     except Exception as exc:  # the status line is gone: report in the stream, as OpenAI does
-        yield sse(to_openai_error(exc).body())
+        yield sse_error(exc)
     else:
         if usage_chunk is not None:
             yield sse(usage_chunk(tracker.usage()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from services.proto_convert.scheduler_contract import generate_request_to_pb
 from services.scheduler.service_stats import ServiceStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.step_protocol import TokenLogprobs, WorkerDescription
@@ -28,6 +29,7 @@ class FakeSchedulerClient:
         pass
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
+        generate_request_to_pb(request)  # what the real client sends: raises where a value does not fit the wire
         self.requests.append(request)
         finished = False
         try:

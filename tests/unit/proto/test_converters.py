@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.proto_convert.common import description_from_pb, description_to_pb, sampling_from_pb, sampling_to_pb
 from services.proto_convert.scheduler_contract import (
     generate_request_from_pb,
@@ -21,7 +23,7 @@ from services.proto_convert.worker_contract import (
 from services.proto_gen import common_pb2, worker_pb2
 from services.scheduler.service_stats import ServiceStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
 from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, TokenLogprobs, WorkerDescription
 
 PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
@@ -35,6 +37,26 @@ def test_sampling_params_round_trip_and_unset_fields_are_defaults():
     assert sampling_from_pb(sampling_to_pb(SamplingParams())) == SamplingParams()
     assert sampling_from_pb(common_pb2.SamplingParams()) == SamplingParams()  # no surprising zeros
     assert sampling_from_pb(common_pb2.SamplingParams(temperature=0.0)).temperature == 0.0
+
+
+@pytest.mark.parametrize("seed", [INT64_MIN, INT64_MAX])
+def test_the_widest_values_sampling_params_accept_fit_the_wire(seed):
+    widest = SamplingParams(max_tokens=UINT32_MAX, min_tokens=UINT32_MAX, top_k=INT32_MAX, seed=seed,
+                            logit_bias={INT32_MAX: 1.0}, logprobs=20, stop_token_ids=(0, INT32_MAX))
+    assert sampling_from_pb(sampling_to_pb(widest)) == widest
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"max_tokens": UINT32_MAX + 1}, "max_tokens"), ({"top_k": INT32_MAX + 1}, "top_k"),
+    ({"seed": INT64_MAX + 1}, "seed"), ({"seed": INT64_MIN - 1}, "seed"),
+    ({"logit_bias": {INT32_MAX + 1: 1.0}}, "logit_bias"), ({"stop_token_ids": (INT32_MAX + 1,)}, "stop_token_ids"),
+    ({"stop_token_ids": (-1,)}, "stop_token_ids"), ({"temperature": float("inf")}, "temperature"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+])
+def test_values_past_the_wire_types_are_refused_with_their_field(fields, param):
+    with pytest.raises(SamplingParamsError) as refused:
+        SamplingParams(**fields)
+    assert refused.value.param == param
 
 
 def test_step_input_round_trip_keeps_batch_order():
