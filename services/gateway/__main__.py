@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -12,7 +13,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.sampling import load_generation_defaults
 from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.serving import Serving
-from services.gateway.tokenizer import PromptTokenizer
+from services.gateway.tokenizer import NO_TEMPLATE, PromptTokenizer
 from services.ports import PortInUseError, port_is_free
 from shared.cli_config import parse_config
 from shared.log_setup import setup_logging
@@ -32,7 +33,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 2
     setup_logging(config.log_level)
     tracing = setup_tracing("pagedserve-gateway")
-    serving = Serving(config, PromptTokenizer(config.model_dir),
+    tokenizer = PromptTokenizer(config.model_dir, config.chat_template)
+    if not tokenizer.has_chat_template:
+        logging.getLogger("pagedserve.gateway").warning("%s", NO_TEMPLATE)
+    serving = Serving(config, tokenizer,
                       SchedulerClient(config.scheduler_address, config.scheduler_timeout_s),
                       load_generation_defaults(config.model_dir))
     app = create_app(serving, instrument=tracing)

@@ -12,7 +12,7 @@ from importlib import metadata
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.gateway.chat import create_chat_completion
+from services.gateway.chat import create_chat_completion, template_args
 from services.gateway.completions import create_completion
 from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -136,7 +136,7 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
             raise OpenAIError(400, "pass exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
             tokens = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()}
-                                                        for m in body.messages])
+                                                        for m in body.messages], template_args(body, serving))
         else:
             tokens = serving.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": model.max_model_len}

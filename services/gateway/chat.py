@@ -11,7 +11,7 @@ from starlette.requests import Request
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceDelta
 from services.gateway.logprobs_format import chat_logprobs
-from services.gateway.protocol import ChatCompletionRequest
+from services.gateway.protocol import ChatCompletionRequest, ChatTemplateFields
 from services.gateway.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.serving import Serving
 from services.gateway.streaming import (
@@ -21,6 +21,7 @@ from services.gateway.streaming import (
     sse_events,
     usage_of,
 )
+from services.gateway.tokenizer import ChatTemplateArgs
 
 ENDPOINT = "chat"
 
@@ -34,9 +35,19 @@ def _num_logprobs(body: ChatCompletionRequest) -> int | None:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
+def template_args(body: ChatTemplateFields, serving: Serving) -> ChatTemplateArgs:
+    """The request's chat-template fields; its own template only where the server trusts request templates."""
+    if body.chat_template is not None and not serving.config.trust_request_chat_template:
+        raise OpenAIError(400, "this server does not take a chat_template in requests: start it with "
+                               "--trust-request-chat-template to allow them", param="chat_template")
+    return ChatTemplateArgs(body.chat_template, dict(body.chat_template_kwargs or {}), body.add_generation_prompt,
+                            body.continue_final_message)
+
+
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
-    prompt_ids = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages])
+    prompt_ids = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages],
+                                                   template_args(body, serving))
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from services.gateway.chat_template import load_chat_template
 from shared.cli_config import check_choices
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
@@ -20,6 +21,8 @@ class GatewayConfig:
     scheduler_address: str = "127.0.0.1:50051"  # host:port of the scheduler's gRPC server
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
+    chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's
+    trust_request_chat_template: bool = False  # let requests bring their own `chat_template` (vLLM's flag)
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
@@ -28,3 +31,5 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.chat_template:
+            load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template

@@ -120,7 +120,16 @@ class ChatMessage(_Body):
         return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateFields(_Request):
+    """vLLM's chat-template request fields (chat completions and /tokenize with messages)."""
+
+    chat_template: str | None = None  # a Jinja template for this request (needs --trust-request-chat-template)
+    chat_template_kwargs: dict[str, Any] | None = None  # extra template variables, e.g. {"enable_thinking": false}
+    add_generation_prompt: bool = True  # end the prompt with the assistant's turn header
+    continue_final_message: bool = False  # continue the last (assistant) message instead of starting a new one
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
@@ -134,7 +143,7 @@ class CompletionRequest(SamplingFields):
     suffix: str | None = None  # not supported: 400 when set
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None  # tokenized through the chat template when given
