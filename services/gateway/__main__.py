@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 2
     setup_logging(config.log_level)
     tracing = setup_tracing("pagedserve-gateway")
-    tokenizer = PromptTokenizer(config.model_dir, config.chat_template)
+    tokenizer = PromptTokenizer(config.model_dir, config.chat_template, config.tokenizer_threads)
     if not tokenizer.has_chat_template:
         logging.getLogger("pagedserve.gateway").warning("%s", NO_TEMPLATE)
     serving = Serving(config, tokenizer,

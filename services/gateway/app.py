@@ -12,6 +12,7 @@ from importlib import metadata
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from services.gateway.body_limit import BodyLimit
 from services.gateway.chat import create_chat_completion, template_args
 from services.gateway.completions import create_completion
 from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
@@ -48,6 +49,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
 
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=serving.config.max_body_bytes)
     app.add_middleware(AuthAndCount, serving=serving)
     app.add_middleware(ErrorBoundary)  # added last: the outermost of ours
     _add_routes(app, serving)
@@ -135,10 +137,10 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "pass exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()}
-                                                        for m in body.messages], template_args(body, serving))
+            tokens = await serving.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
+                                               template_args(body, serving))
         else:
-            tokens = serving.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await serving.encode_prompt(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": model.max_model_len}
 
     @app.post("/detokenize")
@@ -148,4 +150,5 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         if bad:
             raise OpenAIError(400, f"token id {bad[0]} is out of the vocabulary (size {model.vocab_size})",
                               param="tokens")
-        return JSONResponse({"prompt": serving.tokenizer.decode(body.tokens, skip_special_tokens=False)})
+        text = await serving.tokenizer.off_loop(serving.tokenizer.decode, body.tokens, False)
+        return JSONResponse({"prompt": text})

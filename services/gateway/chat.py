@@ -46,8 +46,8 @@ def template_args(body: ChatTemplateFields, serving: Serving) -> ChatTemplateArg
 
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
-    prompt_ids = serving.tokenizer.chat_prompt_ids([{"role": m.role, "content": m.text()} for m in body.messages],
-                                                   template_args(body, serving))
+    prompt_ids = await serving.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
+                                           template_args(body, serving))
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name

@@ -26,15 +26,15 @@ ENDPOINT = "completions"
 SHAPE = RequestShape("prompt", "max_tokens", "logprobs")
 
 
-def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]:
+async def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]:
     prompt = body.prompt
     if isinstance(prompt, str):
-        return [serving.tokenizer.encode(prompt)]
+        return [await serving.encode_prompt(prompt, "prompt")]
     if not prompt:
         raise OpenAIError(400, "prompt must not be empty", param="prompt")
     if isinstance(prompt[0], int):
         return [check_token_ids(list(prompt), serving.limits.vocab_size, "prompt")]
-    return [serving.tokenizer.encode(p) if isinstance(p, str) else
+    return [await serving.encode_prompt(p, "prompt") if isinstance(p, str) else
             check_token_ids(list(p), serving.limits.vocab_size, "prompt") for p in prompt]
 
 
@@ -48,7 +48,7 @@ def _check_unsupported(body: CompletionRequest) -> None:
 async def create_completion(body: CompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
     _check_unsupported(body)
-    prompts = _prompts(body, serving)
+    prompts = await _prompts(body, serving)
     jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
     echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
     response_id, created = f"cmpl-{req_id}", int(time.time())

@@ -23,6 +23,8 @@ class GatewayConfig:
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's
     trust_request_chat_template: bool = False  # let requests bring their own `chat_template` (vLLM's flag)
+    max_body_bytes: int = 4 * 1024**2  # larger request bodies get 413 (checked as they arrive, never buffered)
+    tokenizer_threads: int = 2  # threads that tokenize and template prompts, off the event loop
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
@@ -33,3 +35,6 @@ class GatewayConfig:
         check_choices(self)
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
+        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -37,6 +37,14 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           404: "invalid_request_error", 429: "rate_limit_error"}
 
 
+class RequestTooLarge(StarletteHTTPException):
+    """A request body over the gateway's limit. An HTTP exception, so that FastAPI passes it on unchanged when it
+    is raised from inside the body read (it turns any other error there into a 400)."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(413, f"The request body is larger than this server's limit of {limit_bytes} bytes.")
+
+
 class OpenAIError(Exception):
     """An error answered to the client as it is; raise it anywhere in the gateway."""
 
@@ -47,7 +55,7 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        self.error_type = error_type or _TYPES.get(status, "server_error")
+        self.error_type = error_type or _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
         if retry_after_s is None and status in _RETRYABLE:
             retry_after_s = DEFAULT_RETRY_AFTER_S
         self.retry_after_s = retry_after_s
@@ -100,7 +108,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
             message = f"the scheduler is unavailable: {message}"
         return OpenAIError(status, message, code=code, retry_after_s=_retry_after_s(exc))
     if isinstance(exc, StarletteHTTPException):
-        return OpenAIError(exc.status_code, str(exc.detail))
+        code = "request_too_large" if exc.status_code == 413 else None
+        return OpenAIError(exc.status_code, str(exc.detail), code=code)
     log.exception("unexpected error", exc_info=exc)
     return OpenAIError(500, f"internal server error: {type(exc).__name__}")
 

@@ -43,13 +43,19 @@ class RequestShape:
     logprobs_param: str  # "top_logprobs" (chat) or "logprobs" (completions)
 
 
+def prompt_too_long(num_prompt_tokens: int, max_model_len: int, prompt_param: str, at_least: bool = False
+                    ) -> OpenAIError:
+    count = f"at least {num_prompt_tokens}" if at_least else str(num_prompt_tokens)
+    return OpenAIError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                            f"has {count} input tokens. Please reduce the length of the {prompt_param}.",
+                       param=prompt_param, code="context_length_exceeded")
+
+
 def check_prompt_fits(num_prompt_tokens: int, limits: ModelLimits, shape: RequestShape) -> None:
     if num_prompt_tokens == 0:
         raise OpenAIError(400, f"the {shape.prompt_param} tokenize to an empty prompt", param=shape.prompt_param)
     if num_prompt_tokens >= limits.max_model_len:
-        raise OpenAIError(400, f"This model's maximum context length is {limits.max_model_len} tokens. However, "
-                               f"your request has {num_prompt_tokens} input tokens. Please reduce the length of the "
-                               f"{shape.prompt_param}.", param=shape.prompt_param, code="context_length_exceeded")
+        raise prompt_too_long(num_prompt_tokens, limits.max_model_len, shape.prompt_param)
 
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,

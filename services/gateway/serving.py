@@ -11,9 +11,9 @@ from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceJob
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.protocol import SamplingFields
-from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_params
+from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
 from services.gateway.scheduler_client import SchedulerClient
-from services.gateway.tokenizer import PromptTokenizer
+from services.gateway.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import WorkerDescription
 
@@ -43,6 +43,24 @@ class Serving:
     def limits(self) -> ModelLimits:
         assert self.model is not None, "require_model() first"
         return ModelLimits(self.model.max_model_len, self.model.vocab_size)
+
+    async def encode_prompt(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's token ids, tokenized off the event loop; a text that surely cannot fit the context is a 400
+        without tokenizing it."""
+        try:
+            return await self.tokenizer.off_loop(self.tokenizer.encode, text, add_special_tokens,
+                                                 self.limits.max_model_len)
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
+
+    async def encode_chat(self, messages: list[dict[str, str]], args: ChatTemplateArgs | None = None,
+                          param: str = "messages") -> list[int]:
+        """Token ids of the conversation through the chat template, templated and tokenized off the event loop."""
+        try:
+            return await self.tokenizer.off_loop(self.tokenizer.chat_prompt_ids, messages, args,
+                                                 self.limits.max_model_len)
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
 
     def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
                    logprobs: int | None, shape: RequestShape) -> list[ChoiceJob]:

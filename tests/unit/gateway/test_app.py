@@ -21,14 +21,21 @@ CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "What is
 
 
 @contextmanager
-def gateway(tokenizer, api_key: str | None = None, serving: bool = True, wait_ready: bool = True):
-    config = GatewayConfig(model_dir=str(MODEL_DIR), api_key=api_key, health_poll_interval_s=0.02)
+def gateway_with_state(tokenizer, serving: bool = True, wait_ready: bool = True, **config_fields):
+    """(client, fake scheduler, the app's Serving); config_fields override GatewayConfig's defaults."""
+    config = GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config_fields)
     fake = FakeSchedulerClient(tokenizer, serving=serving)
     state = Serving(config, tokenizer, fake, generation_defaults={})
     with TestClient(create_app(state)) as client:
         deadline_s = time.monotonic() + 5
         while wait_ready and not state.ready and time.monotonic() < deadline_s:
             time.sleep(0.01)
+        yield client, fake, state
+
+
+@contextmanager
+def gateway(tokenizer, api_key: str | None = None, serving: bool = True, wait_ready: bool = True):
+    with gateway_with_state(tokenizer, serving, wait_ready, api_key=api_key) as (client, fake, _):
         yield client, fake
 
 
