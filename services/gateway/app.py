@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from services.gateway.body_limit import BodyLimit
 from services.gateway.chat import create_chat_completion, template_args
 from services.gateway.completions import create_completion
+from services.gateway.cors import add_cors
 from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from services.gateway.serving import Serving
@@ -51,7 +52,9 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=serving.config.max_body_bytes)
     app.add_middleware(AuthAndCount, serving=serving)
-    app.add_middleware(ErrorBoundary)  # added last: the outermost of ours
+    app.add_middleware(ErrorBoundary)  # the outermost of ours but CORS
+    config = serving.config
+    add_cors(app, config.allowed_origins, config.allowed_methods, config.allowed_headers, config.allow_credentials)
     _add_routes(app, serving)
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -106,12 +109,19 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
     async def completions(body: CompletionRequest, request: Request):
         return await create_completion(body, serving, request, request_id(request))
 
+    def model_card() -> dict:
+        model = serving.require_model(None)
+        return {"id": model.model_name, "object": "model", "created": serving.created, "owned_by": "pagedserve",
+                "root": serving.config.model_dir, "max_model_len": model.max_model_len}
+
     @app.get("/v1/models")
     async def models():
-        model = serving.require_model(None)
-        return {"object": "list", "data": [{
-            "id": model.model_name, "object": "model", "created": 0, "owned_by": "pagedserve",
-            "root": serving.config.model_dir, "max_model_len": model.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        serving.require_model(model_id)  # 404 for a name this server does not serve
+        return model_card()
 
     @app.get("/health")
     async def health():

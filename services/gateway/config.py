@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from services.gateway.chat_template import load_chat_template
-from shared.cli_config import check_choices
+from services.gateway.cors import parse_list
+from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
 
@@ -25,6 +26,10 @@ class GatewayConfig:
     trust_request_chat_template: bool = False  # let requests bring their own `chat_template` (vLLM's flag)
     max_body_bytes: int = 4 * 1024**2  # larger request bodies get 413 (checked as they arrive, never buffered)
     tokenizer_threads: int = 2  # threads that tokenize and template prompts, off the event loop
+    allowed_origins: str = ""  # CORS: origins browsers may call from (comma list or JSON list; "*": any); empty: off
+    allowed_methods: str = "*"  # CORS: methods allowed from those origins
+    allowed_headers: str = "*"  # CORS: request headers allowed from those origins
+    allow_credentials: bool = False  # CORS: let browsers send cookies / auth with cross-origin requests
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
@@ -33,6 +38,8 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
+            parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads"):

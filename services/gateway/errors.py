@@ -156,7 +156,8 @@ class ErrorBoundary:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+        headers = exc.headers if isinstance(exc, StarletteHTTPException) else None  # e.g. a 405's Allow
+        return error_response(exc, headers)
 
     for exc_type in (OpenAIError, SamplingParamsError, RequestValidationError, grpc.aio.AioRpcError,
                      StarletteHTTPException, Exception):

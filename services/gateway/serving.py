@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from services.gateway.config import GatewayConfig
@@ -29,6 +30,7 @@ class Serving:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     model: WorkerDescription | None = None  # set once the scheduler described its worker
     ready: bool = False  # the scheduler reports SERVING
+    created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
 
     def require_model(self, requested: str | None) -> WorkerDescription:
         """The served model; 503 before the scheduler is ready, 404 for another model name."""
