@@ -22,6 +22,7 @@ from typing import IO
 
 import httpx
 
+from services.gateway.drain import CUT_GRACE_S
 from services.healthcheck import grpc_serving
 from services.ports import PortInUseError, free_port, port_is_free
 from services.serve_config import (
@@ -100,11 +101,21 @@ def start_children(config: ServeConfig) -> list[Child]:
     return children
 
 
-def stop_children(children: list[Child], timeout_s: float) -> None:
-    """SIGTERM gateway, then scheduler, then worker; SIGKILL whoever outlives the timeout."""
+def stop_timeouts(config: ServeConfig) -> dict[str, float]:
+    """How long each child may take to stop before SIGKILL: the gateway gets its drain timeout and the time to
+    answer what the drain cut, never less than --stop-timeout-s."""
+    timeouts = dict.fromkeys(SERVICES, config.launcher.stop_timeout_s)
+    timeouts["gateway"] = max(timeouts["gateway"], config.gateway.drain_timeout_s + CUT_GRACE_S + 5.0)
+    return timeouts
+
+
+def stop_children(children: list[Child], timeouts_s: dict[str, float]) -> None:
+    """SIGTERM gateway, then scheduler, then worker (the gateway drains first, while its streams are still served);
+    SIGKILL whoever outlives its timeout."""
     for child in reversed(children):
         if child.process.poll() is None:
             child.process.terminate()
+            timeout_s = timeouts_s[child.name]
             try:
                 child.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -208,5 +219,5 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 0
     finally:
         print("launcher | stopping gateway, scheduler, worker", flush=True)
-        stop_children(children, config.launcher.stop_timeout_s)
+        stop_children(children, stop_timeouts(config))
         print("launcher | stopped", flush=True)

@@ -10,6 +10,7 @@ import uvicorn
 
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from services.gateway.drain import CUT_GRACE_S, DrainingServer
 from services.gateway.sampling import load_generation_defaults
 from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.serving import Serving
@@ -40,9 +41,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                       SchedulerClient(config.scheduler_address, config.scheduler_timeout_s),
                       load_generation_defaults(config.model_dir))
     app = create_app(serving, instrument=tracing)
+    server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
+                                           loop=config.loop, http=config.http, log_config=None,
+                                           timeout_graceful_shutdown=CUT_GRACE_S),
+                            serving.admission, config.drain_timeout_s)
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level,
-                    loop=config.loop, http=config.http, timeout_graceful_shutdown=5, log_config=None)
+        server.run()
     finally:
         shutdown_tracing()
     return 0

@@ -12,6 +12,7 @@ from importlib import metadata
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from services.gateway.admission import AdmissionGate, draining_error
 from services.gateway.body_limit import BodyLimit
 from services.gateway.chat import create_chat_completion, template_args
 from services.gateway.completions import create_completion
@@ -51,6 +52,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=serving.config.max_body_bytes)
+    app.add_middleware(AdmissionGate, admission=serving.admission)
     app.add_middleware(AuthAndCount, serving=serving)
     app.add_middleware(ErrorBoundary)  # the outermost of ours but CORS
     config = serving.config
@@ -59,7 +61,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,metrics")
+        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,livez,metrics")
     return app
 
 
@@ -125,8 +127,16 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
 
     @app.get("/health")
     async def health():
+        """Readiness: 200 while the scheduler serves and the gateway takes requests; 503 otherwise."""
+        if serving.admission.draining:
+            raise draining_error()
         if not serving.ready and not await serving.refresh():  # no lag behind the periodic poll
             raise OpenAIError(503, "the scheduler is not ready", code="service_unavailable")
+        return {"status": "ok"}
+
+    @app.get("/livez")
+    async def livez():
+        """Liveness: 200 while the process serves HTTP, draining or not."""
         return {"status": "ok"}
 
     @app.get("/version")

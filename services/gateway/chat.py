@@ -66,7 +66,8 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
                                       "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id),
+                                            serving.admission)
         events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
         return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
                                  background=BackgroundTask(stream.close))

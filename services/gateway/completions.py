@@ -69,7 +69,8 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
                                       "finish_reason": None}], **extra} for job in jobs if body.echo]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id))
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id),
+                                            serving.admission)
         events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
         return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
                                  background=BackgroundTask(stream.close))

@@ -30,6 +30,8 @@ class GatewayConfig:
     allowed_methods: str = "*"  # CORS: methods allowed from those origins
     allowed_headers: str = "*"  # CORS: request headers allowed from those origins
     allow_credentials: bool = False  # CORS: let browsers send cookies / auth with cross-origin requests
+    max_open_requests: int = 512  # work requests in flight at most (generation, tokenize); 429 + Retry-After above
+    drain_timeout_s: float = 300.0  # on SIGTERM: how long requests in flight may take to finish before they are cut
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
@@ -42,6 +44,8 @@ class GatewayConfig:
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
-        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads"):
+        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from services.gateway.admission import Admission
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceJob
@@ -28,9 +29,13 @@ class Serving:
     client: SchedulerClient
     generation_defaults: dict
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    admission: Admission = field(init=False)
     model: WorkerDescription | None = None  # set once the scheduler described its worker
     ready: bool = False  # the scheduler reports SERVING
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.config.max_open_requests)
 
     def require_model(self, requested: str | None) -> WorkerDescription:
         """The served model; 503 before the scheduler is ready, 404 for another model name."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from opentelemetry import trace
 from starlette.requests import Request
 
+from services.gateway.admission import Admission
 from services.gateway.errors import OpenAIError, to_openai_error
 from services.gateway.generation import (
     ChoiceDelta,
@@ -81,22 +82,30 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
 
 async def collect_until_disconnect(request: Request, serving: Serving, jobs: list[ChoiceJob], endpoint: str,
                                    req_id: str) -> list[ChoiceResult]:
-    """Run a non-streaming request; if the client goes away meanwhile, cancel it (aborting every choice)."""
-    task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id), jobs))
-    return await _unless_disconnected(request, task)
+    """Run a non-streaming request; if the client goes away meanwhile, or the drain deadline cuts it, cancel it
+    (aborting every choice)."""
+    cut = serving.admission.cut_signal()
+    try:
+        task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id), jobs))
+        return await _unless_disconnected(request, task, cut)
+    finally:
+        serving.admission.release(cut)
 
 
-async def _unless_disconnected(request: Request, future: asyncio.Future):
-    """The future's result, or 499 when the client leaves first (the future is cancelled then, as when the caller
-    is). No polling: a task waits on the request's ASGI channel, which carries http.disconnect once the body has
-    been read (Starlette's is_disconnected polls that channel through an anyio cancel scope, about 0.3 ms a call:
-    64 requests waiting seconds for their first token spent most of a CPU-second on it)."""
+async def _unless_disconnected(request: Request, future: asyncio.Future, cut: asyncio.Future):
+    """The future's result; 499 when the client leaves first, the cut's error when the drain deadline comes first
+    (the future is cancelled then, as when the caller is). No polling: a task waits on the request's ASGI channel,
+    which carries http.disconnect once the body has been read (Starlette's is_disconnected polls that channel
+    through an anyio cancel scope, about 0.3 ms a call: 64 requests waiting seconds for their first token spent
+    most of a CPU-second on it)."""
     watcher = asyncio.ensure_future(_disconnect(request))
     try:
-        done, _ = await asyncio.wait({future, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if future not in done:
-            raise OpenAIError(499, "client disconnected")
-        return future.result()
+        done, _ = await asyncio.wait({future, watcher, cut}, return_when=asyncio.FIRST_COMPLETED)
+        if future in done:
+            return future.result()
+        if cut in done:
+            raise cut.result()
+        raise OpenAIError(499, "client disconnected")
     finally:
         await _cancel(watcher)
         await _cancel(future)
@@ -116,6 +125,7 @@ async def _cancel(future: asyncio.Future) -> None:
 
 
 _END = object()  # the pump's last item
+_WAKE = object()  # put by a cut, so that a drain waiting for the next delta sees it
 
 
 @dataclass
@@ -125,27 +135,41 @@ class StartedStream:
 
     deltas: AsyncIterator[ChoiceDelta]
     pump: asyncio.Task
+    cut: asyncio.Future
+    admission: Admission
 
     async def close(self) -> None:
+        self.admission.release(self.cut)
         await _cancel(self.pump)
 
 
-async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDelta]) -> StartedStream:
+async def first_delta_or_error(request: Request, deltas: AsyncIterator[ChoiceDelta], admission: Admission
+                               ) -> StartedStream:
     """Wait for the stream's first delta before any byte of the response is sent, so that a request the scheduler
     refuses (say, more KV cache than the pool holds) gets its own status and a JSON error instead of an error event
     inside a 200; a client that leaves meanwhile cancels the request.
 
-    The deltas run in a task of their own for the whole stream (the request's span is entered there)."""
+    The deltas run in a task of their own for the whole stream (the request's span is entered there). A cut (the
+    drain deadline) ends the stream with its error, before or after the first delta."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=STREAM_BUFFER)
     pump = asyncio.create_task(_pump(deltas, queue))
+    cut = admission.cut_signal()
     try:  # one get for the whole wait (a get timed out and retried could drop an item)
-        head = await _unless_disconnected(request, asyncio.ensure_future(queue.get()))
+        head = await _unless_disconnected(request, asyncio.ensure_future(queue.get()), cut)
         if isinstance(head, Exception):
             raise head
     except BaseException:
+        admission.release(cut)
         await _cancel(pump)  # closes the deltas, which aborts their requests
         raise
-    return StartedStream(_drain(head, queue, pump), pump)
+    cut.add_done_callback(lambda _: _wake(queue))
+    return StartedStream(_drain(head, queue, pump, cut), pump, cut, admission)
+
+
+def _wake(queue: asyncio.Queue) -> None:
+    """Wake a drain waiting on an empty queue; a full queue needs no wake (its drain checks the cut per item)."""
+    with contextlib.suppress(asyncio.QueueFull):
+        queue.put_nowait(_WAKE)
 
 
 async def _pump(deltas: AsyncIterator[ChoiceDelta], queue: asyncio.Queue) -> None:
@@ -159,12 +183,16 @@ async def _pump(deltas: AsyncIterator[ChoiceDelta], queue: asyncio.Queue) -> Non
         await queue.put(_END)
 
 
-async def _drain(item, queue: asyncio.Queue, pump: asyncio.Task) -> AsyncIterator[ChoiceDelta]:
+async def _drain(item, queue: asyncio.Queue, pump: asyncio.Task, cut: asyncio.Future
+                 ) -> AsyncIterator[ChoiceDelta]:
     try:
         while item is not _END:
+            if cut.done():
+                raise cut.result()
             if isinstance(item, Exception):
                 raise item
-            yield item
+            if item is not _WAKE:
+                yield item
             item = await queue.get()
     finally:
         await _cancel(pump)

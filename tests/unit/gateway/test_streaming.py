@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from services.gateway.admission import Admission
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceDelta
 from services.gateway.streaming import first_delta_or_error
@@ -39,7 +40,7 @@ def test_close_stops_a_stream_whose_body_was_never_read() -> None:
             closed.set()
 
     async def main() -> None:
-        stream = await first_delta_or_error(StayingClient(), endless())
+        stream = await first_delta_or_error(StayingClient(), endless(), Admission(8))
         await asyncio.sleep(0.01)  # the pump fills its buffer and waits
         assert not closed.is_set()
         await stream.close()
@@ -54,7 +55,7 @@ def test_reading_the_stream_gives_every_delta_in_order_then_stops_the_pump() -> 
             yield _delta(i)
 
     async def main() -> list[str]:
-        stream = await first_delta_or_error(StayingClient(), three())
+        stream = await first_delta_or_error(StayingClient(), three(), Admission(8))
         texts = [d.text async for d in stream.deltas]
         assert stream.pump.done()
         return texts
@@ -85,7 +86,7 @@ def test_client_leaving_before_the_first_delta_is_a_499_that_closes_the_stream()
 
     async def main() -> None:
         with pytest.raises(OpenAIError) as caught:
-            await asyncio.wait_for(first_delta_or_error(LeavingClient(0.05), silent()), 2.0)
+            await asyncio.wait_for(first_delta_or_error(LeavingClient(0.05), silent(), Admission(8)), 2.0)
         assert caught.value.status == 499
         assert closed.is_set()
 
@@ -99,8 +100,56 @@ def test_a_client_that_stays_gets_the_first_delta_and_its_watcher_is_gone() -> N
 
     async def main() -> None:
         before = len(asyncio.all_tasks())
-        stream = await first_delta_or_error(StayingClient(), one())
+        stream = await first_delta_or_error(StayingClient(), one(), Admission(8))
         assert [d.text async for d in stream.deltas] == ["t0"]
         assert len(asyncio.all_tasks()) == before  # neither the pump nor the disconnect watcher is left
+
+    asyncio.run(main())
+
+
+async def _two_then_silence(closed: asyncio.Event):
+    try:
+        yield _delta(0)
+        yield _delta(1)
+        await asyncio.Event().wait()  # the scheduler has nothing more for now
+    finally:
+        closed.set()
+
+
+def test_a_cut_ends_a_started_stream_that_waits_for_its_next_delta() -> None:
+    """The drain deadline: the stream's reader gets the cut's error after what had come, and the request is
+    aborted (its deltas closed), though no new delta arrives to notice it by."""
+    async def main() -> None:
+        admission, closed = Admission(8), asyncio.Event()
+        stream = await first_delta_or_error(StayingClient(), _two_then_silence(closed), admission)
+        texts = []
+        with pytest.raises(OpenAIError) as caught:
+            async for delta in stream.deltas:
+                texts.append(delta.text)
+                if len(texts) == 2:
+                    assert admission.cut_all(OpenAIError(503, "shutting down")) == 1
+        assert texts == ["t0", "t1"] and caught.value.status == 503
+        assert closed.is_set()
+        await stream.close()
+
+    asyncio.run(main())
+
+
+def test_a_cut_before_the_first_delta_is_the_requests_error() -> None:
+    async def main() -> None:
+        admission, closed = Admission(8), asyncio.Event()
+
+        async def silent():
+            try:
+                await asyncio.Event().wait()
+                yield _delta(0)
+            finally:
+                closed.set()
+
+        asyncio.get_running_loop().call_later(0.05, admission.cut_all, OpenAIError(503, "shutting down"))
+        with pytest.raises(OpenAIError) as caught:
+            await asyncio.wait_for(first_delta_or_error(StayingClient(), silent(), admission), 5.0)
+        assert caught.value.status == 503 and closed.is_set()
+        assert admission.cut_all(OpenAIError(503, "again")) == 0  # released: nothing left to cut
 
     asyncio.run(main())
