@@ -6,7 +6,7 @@ import math
 import os
 from pathlib import Path
 
-from benchmarks.datasets import DatasetConfig
+from benchmarks.datasets import SYNTHETIC_DATASETS, DatasetConfig
 from benchmarks.load import LoadPoint, parse_sweep
 from benchmarks.metrics import MetricsConfig
 from benchmarks.payload import BACKEND_ALIASES, EndpointConfig
@@ -36,7 +36,7 @@ def serve_config_from_args(args: argparse.Namespace) -> tuple[ServeConfig, Bench
 
 
 def _tokenizer(args: argparse.Namespace) -> BenchTokenizer | None:
-    path = args.tokenizer or (args.model if Path(args.model).is_dir() else None)
+    path = args.tokenizer or (args.model if args.model and Path(args.model).is_dir() else None)
     return load_tokenizer(path) if path else None
 
 
@@ -46,11 +46,11 @@ def _endpoint(args: argparse.Namespace, tokenizer: BenchTokenizer | None) -> End
         raise ValueError("--extra-body must be a JSON object")
     return EndpointConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}",
-        model=args.model,
+        model=args.model or "",  # "": the server's first model (benchmarks.discovery)
         endpoint_type=BACKEND_ALIASES.get(args.endpoint_type, args.endpoint_type),
         endpoint=args.endpoint,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-        ignore_eos=args.ignore_eos,
+        ignore_eos=args.dataset_name in SYNTHETIC_DATASETS if args.ignore_eos is None else args.ignore_eos,
         eos_suppression=args.eos_suppression,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer else (),
         temperature=args.temperature,

@@ -9,6 +9,9 @@ from benchmarks.prompts import TokenPool, exact_text, random_text
 from benchmarks.tokenizer import BenchTokenizer
 
 DATASET_NAMES = ("random", "shared-prefix", "sharegpt", "custom")
+# Made-up prompts: a model's answer to them may end at once (EOS), so the bench suppresses EOS for these by
+# default, to measure the lengths asked for (--no-ignore-eos lets answers stop where the model ends them).
+SYNTHETIC_DATASETS = ("random", "shared-prefix")
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,8 @@ def build_dataset(cfg: DatasetConfig, tokenizer: BenchTokenizer | None, seed: in
     rng = np.random.default_rng(seed)
     if cfg.name in ("random", "shared-prefix"):
         if tokenizer is None:
-            raise ValueError(f"--dataset-name {cfg.name} needs --tokenizer (a HF tokenizer folder)")
+            raise ValueError(f"--dataset-name {cfg.name} needs a tokenizer: pass --tokenizer (a Hugging Face "
+                             "tokenizer folder); the server's /v1/models named no model folder on this machine")
         pool = TokenPool.from_tokenizer(tokenizer)
         build = build_random if cfg.name == "random" else build_shared_prefix
         return build(cfg, tokenizer, pool, rng)

@@ -33,8 +33,6 @@ class EndpointConfig:
             raise ValueError(f"--endpoint-type must be one of {tuple(DEFAULT_ENDPOINTS)}, got {self.endpoint_type!r}")
         if self.eos_suppression not in (*EOS_SUPPRESSIONS, EOS_NOT_SUPPRESSED):
             raise ValueError(f"--eos-suppression must be one of {EOS_SUPPRESSIONS}")
-        if self.ignore_eos and self.eos_suppression == "logit-bias" and not self.eos_token_ids:
-            raise ValueError("--eos-suppression logit-bias needs --tokenizer to know the EOS token ids")
 
     @property
     def url(self) -> str:
@@ -43,6 +41,12 @@ class EndpointConfig:
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def check_eos_suppression(cfg: EndpointConfig) -> None:
+    """Once the tokenizer is known (it may come from the server): logit-bias suppression needs its EOS ids."""
+    if cfg.ignore_eos and cfg.eos_suppression == "logit-bias" and not cfg.eos_token_ids:
+        raise ValueError("--eos-suppression logit-bias needs a tokenizer (--tokenizer) to know the EOS token ids")
 
 
 def build_payload(cfg: EndpointConfig, request: BenchRequest) -> dict:

@@ -16,7 +16,8 @@ _VERSION_HEADERS = ("server", "x-server-version", "x-powered-by")
 async def server_info(client: aiohttp.ClientSession, cfg: EndpointConfig) -> dict:
     """Version (GET /version, as vLLM and pagedserve serve it), identifying headers and served models."""
     base = cfg.base_url.rstrip("/")
-    info: dict = {"base_url": cfg.base_url, "url": cfg.url, "version": None, "headers": {}, "models": None}
+    info: dict = {"base_url": cfg.base_url, "url": cfg.url, "version": None, "headers": {}, "models": None,
+                  "model_roots": {}}
     version = await _get_json(client, base + "/version")
     if isinstance(version, dict):
         info["version"] = version.get("version")
@@ -26,8 +27,10 @@ async def server_info(client: aiohttp.ClientSession, cfg: EndpointConfig) -> dic
         return info
     info["headers"] = {k: response.headers[k] for k in _VERSION_HEADERS if k in response.headers}
     if response.status == 200:
-        data = response.json().get("data") or []
-        info["models"] = [model.get("id") for model in data if isinstance(model, dict)]
+        data = [model for model in response.json().get("data") or [] if isinstance(model, dict)]
+        info["models"] = [model.get("id") for model in data]
+        # `root`: where the server loaded the model from (pagedserve: its folder; vLLM: the path or hub name)
+        info["model_roots"] = {model.get("id"): model["root"] for model in data if isinstance(model.get("root"), str)}
     return info
 
 

@@ -9,6 +9,7 @@ import aiohttp
 from benchmarks.client import make_http_client
 from benchmarks.contract import machine_info
 from benchmarks.datasets import DatasetConfig, build_dataset
+from benchmarks.discovery import resolve
 from benchmarks.load import LoadPoint
 from benchmarks.payload import EndpointConfig
 from benchmarks.probe import resolve_eos_suppression, server_info
@@ -38,11 +39,12 @@ async def run_serve(
     on_run: Callable[[dict], None] = lambda run: None,
 ) -> dict:
     """Returns the result document (see report.py); `on_run` sees each point's run as soon as it finishes."""
-    count_tokens = tokenizer.count if tokenizer else None
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     async with make_http_client(cfg.endpoint) as client:
         server = await server_info(client, cfg.endpoint)
-        endpoint = await resolve_eos_suppression(client, cfg.endpoint)
+        endpoint, tokenizer = resolve(cfg.endpoint, tokenizer, server)
+        count_tokens = tokenizer.count if tokenizer else None
+        endpoint = await resolve_eos_suppression(client, endpoint)
         num_warmup_failures = await _warm_up(client, endpoint, cfg, tokenizer)
         runs = []
         for i, point in enumerate(cfg.points):

@@ -114,7 +114,7 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
     def model_card() -> dict:
         model = serving.require_model(None)
         return {"id": model.model_name, "object": "model", "created": serving.created, "owned_by": "pagedserve",
-                "root": serving.config.model_dir, "max_model_len": model.max_model_len}
+                "root": serving.model_root, "max_model_len": model.max_model_len}
 
     @app.get("/v1/models")
     async def models():

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.gateway.admission import Admission
 from services.gateway.config import GatewayConfig
@@ -41,10 +42,15 @@ class Serving:
         """The served model; 503 before the scheduler is ready, 404 for another model name."""
         if not self.ready or self.model is None:
             raise OpenAIError(503, "the scheduler is not ready yet", code="service_unavailable")
-        if requested not in (None, self.model.model_name, self.config.model_dir):
+        if requested not in (None, self.model.model_name, self.config.model_dir, self.model_root):
             raise OpenAIError(404, f"The model `{requested}` does not exist.", param="model",
                               code="model_not_found")
         return self.model
+
+    @property
+    def model_root(self) -> str:
+        """The model folder as an absolute path (/v1/models `root`: a client on this machine can load its tokenizer)."""
+        return str(Path(self.config.model_dir).resolve())
 
     @property
     def limits(self) -> ModelLimits:

@@ -1,9 +1,12 @@
 """`pagedserve bench serve` (the real CLI, as a subprocess) against the running stack: a small random run, EOS
-suppressed, whose saved result must account for every request, token and latency, and the server's counters."""
+suppressed, whose saved result must account for every request, token and latency, and the server's counters; the
+command as a newcomer types it (model and tokenizer found from the server) succeeds; failed requests exit 1."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +16,7 @@ import pytest
 from tests.integration.processes import MODEL_DIR, REPO, Stack
 
 NUM_PROMPTS = 6
-TIMEOUT_S = 120
+TIMEOUT_S = 600  # generous: the machine is shared, and a loaded one compiles and decodes slowly
 
 
 def bench_command() -> list[str]:
@@ -62,3 +65,28 @@ def test_bench_serve_cli_records_every_request(stack: Stack, model_name: str, tm
     assert server is not None, "no /metrics deltas in the result"
     assert server["prefix_cache_queries"] > 0
     assert 0 <= server["prefix_cache_hits"] <= server["prefix_cache_queries"]
+
+
+def run_as_typed(stack: Stack, cwd: Path, *flags: str) -> subprocess.CompletedProcess:
+    """The bench as a newcomer types it: no --model, no --tokenizer, no --ignore-eos, from another folder."""
+    argv = [*bench_command(), "bench", "serve", "--base-url", stack.base_url, "--dataset-name", "random",
+            "--num-prompts", "16", "--max-concurrency", "4", "--random-input-len", "64", "--random-output-len", "16",
+            "--disable-tqdm", *flags]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_bench_as_typed_finds_model_and_tokenizer_and_succeeds(stack: Stack, model_name: str, tmp_path: Path) -> None:
+    done = run_as_typed(stack, tmp_path, "--save-result", "--result-dir", str(tmp_path), "--result-filename", "r.json")
+    assert done.returncode == 0, f"bench exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert f"model: {model_name} (the first of the server's /v1/models)" in done.stdout
+    assert f"tokenizer: {MODEL_DIR.resolve()} (the model's root" in done.stdout
+    assert re.search(r"Successful requests:\s+16\n", done.stdout) and re.search(r"Failed requests:\s+0\n", done.stdout)
+    contract = json.loads((tmp_path / "r.json").read_text())["contract"]
+    assert contract["sampling"]["ignore_eos"] is True and contract["eos_suppression"] == "ignore-eos"
+
+
+def test_bench_run_with_failed_requests_exits_1_with_the_count(stack: Stack, tmp_path: Path) -> None:
+    done = run_as_typed(stack, tmp_path, "--eos-suppression", "ignore-eos", "--random-output-len", "1000000")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "error: 16 of 16 requests failed (http_400: 16)" in done.stderr

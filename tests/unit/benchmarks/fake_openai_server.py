@@ -20,6 +20,8 @@ class FakeState:
     reject_ignore_eos: bool = False  # answer 400 to bodies with ignore_eos, like a strict server
     reject_logit_bias: bool = False  # answer 500, as transformers serve did for integer biases
     send_usage: bool = True
+    model_root: str | None = None  # /v1/models `root` of fake-model (pagedserve reports its model folder there)
+    eos_first: bool = False  # without ignore_eos, answer with no text at all (a model that ends at once)
     chunk_delay_s: float = 0.002
     stall_s: float = 1.0  # how long a "STALL" prompt waits before answering
     num_completed: int = 0
@@ -38,7 +40,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/version":
             self._json(200, {"version": "fake-1.0"})
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "fake-model"}]})
+            card = {"id": "fake-model", **({"root": self.state.model_root} if self.state.model_root else {})}
+            self._json(200, {"object": "list", "data": [card]})
         elif self.path == "/metrics":
             self._send(200, "text/plain", self._metrics_text().encode())
         else:
@@ -61,6 +64,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self._event({"choices": [{"index": 0, "delta": {"content": " hi"}, "finish_reason": None}]})
             self._event({"error": {"message": "engine died", "code": 500}})
+        elif self.state.eos_first and not body.get("ignore_eos") and not body.get("logit_bias"):
+            self.send_response(200)
+            self.end_headers()
+            self._event({"choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "stop"}]})
+            self.wfile.write(b"data: [DONE]\n\n")
         elif "FAIL" in prompt:
             self._json(500, {"error": {"message": "boom"}})
         else:

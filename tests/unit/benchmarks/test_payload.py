@@ -1,7 +1,7 @@
 import pytest
 
 from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EndpointConfig, build_payload
+from benchmarks.payload import EndpointConfig, build_payload, check_eos_suppression
 from benchmarks.tokenizer import BenchTokenizer
 
 SHARED = BenchRequest("What is the leave policy?", 7, 32, system_prompt="Handbook text.", group=0)
@@ -68,9 +68,16 @@ def test_no_eos_fields_without_ignore_eos():
     [
         {"endpoint_type": "tgi"},
         {"eos_suppression": "min-tokens"},
-        {"ignore_eos": True, "eos_suppression": "logit-bias"},
     ],
 )
 def test_endpoint_config_rejects_bad_flags(kwargs):
     with pytest.raises(ValueError):
         EndpointConfig(base_url="http://h", model="m", **kwargs)
+
+
+def test_logit_bias_suppression_needs_eos_ids_once_the_tokenizer_is_known():
+    with pytest.raises(ValueError, match="needs a tokenizer"):
+        check_eos_suppression(EndpointConfig(base_url="http://h", model="m", ignore_eos=True,
+                                             eos_suppression="logit-bias"))
+    check_eos_suppression(EndpointConfig(base_url="http://h", model="m", ignore_eos=True,
+                                         eos_suppression="logit-bias", eos_token_ids=(2,)))

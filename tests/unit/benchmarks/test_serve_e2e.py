@@ -71,8 +71,10 @@ def test_serve_counts_failures_and_saves_the_contract(tmp_path, capsys):
                 "4",
             )
         )
-    assert rc == 0
-    out = capsys.readouterr().out
+    assert rc == 1  # a run with failed requests is a failed run
+    captured = capsys.readouterr()
+    out = captured.out
+    assert captured.err.strip().splitlines()[-1] == "error: 3 of 10 requests failed (http_500: 2, incomplete_stream: 1)"
     assert "Failed requests:                            3  (http_500: 2, incomplete_stream: 1)" in out
     assert 'http_500: {"error": {"message": "boom"}}' in out
     result = json.loads((tmp_path / "r.json").read_text())

@@ -40,7 +40,7 @@ def test_retrieve_the_served_model_by_name_or_folder(tokenizer):
         by_folder = client.get(f"/v1/models/{MODEL_DIR}")
         missing = client.get("/v1/models/gpt-4")
     assert by_name.status_code == 200 and by_name.json() == listed == by_folder.json()
-    assert listed["id"] == "tiny-model" and listed["object"] == "model" and listed["root"] == str(MODEL_DIR)
+    assert listed["id"] == "tiny-model" and listed["object"] == "model" and listed["root"] == str(MODEL_DIR.resolve())
     assert before - 5 <= listed["created"] <= int(time.time())
     assert missing.status_code == 404
     assert missing.json()["error"]["code"] == "model_not_found" and missing.json()["error"]["param"] == "model"
@@ -83,3 +83,16 @@ def test_options_on_every_route_is_never_a_5xx(tokenizer, origins):
             for headers in ({}, PREFLIGHT):
                 reply = client.options(path, headers=headers)
                 assert reply.status_code < 500, (path, headers, reply.status_code, reply.text)
+
+
+def test_root_is_absolute_when_served_from_a_relative_folder(tokenizer, monkeypatch):
+    monkeypatch.chdir(MODEL_DIR.parent)
+    config = GatewayConfig(model_dir=MODEL_DIR.name, health_poll_interval_s=0.02)
+    state = Serving(config, tokenizer, FakeSchedulerClient(tokenizer), generation_defaults={})
+    with TestClient(create_app(state)) as client:
+        deadline_s = time.monotonic() + 5
+        while not state.ready and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        card = client.get("/v1/models").json()["data"][0]
+        assert card["root"] == str(MODEL_DIR.resolve())  # a bench on this machine loads the tokenizer from it
+        assert client.get(f"/v1/models/{MODEL_DIR.name}").status_code == 200
