@@ -158,7 +158,7 @@ def test_sweep_writes_one_run_per_point_plots_and_compares(tmp_path, tokenizer, 
     assert len(set(prompts[:4]) & set(prompts[4:8])) == 0  # each point gets fresh prompts
     points = [set(prompts[i : i + 4]) for i in range(0, 16, 4)]  # A's two points, then B's
     assert points[:2] == points[2:]  # and the same ones for the same seed
-    for name in ("a_run0_distributions.png", "a_run1_distributions.png", "a_vs_load.png"):
+    for name in ("a_concurrency1_distributions.png", "a_concurrency2_distributions.png", "a_vs_load.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     capsys.readouterr()
