@@ -33,10 +33,11 @@ def chat_token_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 
 class LLM:
-    def __init__(self, worker_config: WorkerConfig, scheduler_config: SchedulerConfig | None = None) -> None:
+    def __init__(self, worker_config: WorkerConfig, scheduler_config: SchedulerConfig | None = None,
+                 async_scheduling: bool = False) -> None:
         from transformers import AutoTokenizer
 
-        self.engine = LLMEngine(Worker(worker_config), scheduler_config or SchedulerConfig())
+        self.engine = LLMEngine(Worker(worker_config), scheduler_config or SchedulerConfig(), async_scheduling)
         self.tokenizer = AutoTokenizer.from_pretrained(worker_config.model_dir)
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:

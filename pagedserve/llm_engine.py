@@ -1,18 +1,26 @@
-"""The in-process engine: the real scheduler driving an in-process worker, one step at a time."""
+"""The in-process engine: the real scheduler driving an in-process worker, one step at a time.
+
+With `async_scheduling` the engine keeps the order of calls the services' async loop has: step N+1 is scheduled
+before step N's output reaches the scheduler (the worker runs the steps in order and feeds its own samples
+forward), so the offline engine exercises the same protocol on the real model, deterministically.
+"""
 
 from __future__ import annotations
 
 from services.gpu_worker.worker import Worker
-from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler import Scheduler, SchedulerOutput
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import GenerateRequest, RequestOutput
+from shared.step_protocol import StepOutput
 
 
 class LLMEngine:
-    def __init__(self, worker: Worker, scheduler_config: SchedulerConfig) -> None:
+    def __init__(self, worker: Worker, scheduler_config: SchedulerConfig, async_scheduling: bool = False) -> None:
         self.worker = worker
         self.description = worker.describe()
         self.scheduler = Scheduler(scheduler_config, self.description)
+        self.async_scheduling = async_scheduling
+        self._in_flight: tuple[SchedulerOutput, StepOutput] | None = None  # async: ran, output not yet applied
 
     def add_request(self, request: GenerateRequest) -> None:
         self.scheduler.add_request(request)
@@ -21,9 +29,14 @@ class LLMEngine:
         return self.scheduler.abort_request(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
-        output = self.worker.execute_step(scheduled.step_input)
-        return self.scheduler.update_from_output(scheduled, output)
+        step = scheduled.step_input
+        if not self.async_scheduling:
+            return self.scheduler.update_from_output(scheduled, self.worker.execute_step(step))
+        ran = None if step.is_empty and not step.finished_req_ids else (
+            scheduled, self.worker.execute_step(step))
+        done, self._in_flight = self._in_flight, ran
+        return self.scheduler.update_from_output(*done) if done else []

@@ -25,7 +25,11 @@ class Request:
     cache_salt: str | None
     arrival_time_s: float
     status: RequestStatus = RequestStatus.WAITING
-    num_computed_tokens: int = 0  # tokens whose KV is in the cache; catches up with len(token_ids)
+    # tokens whose KV is in the cache or being computed by a step already sent; catches up with num_tokens_ahead
+    num_computed_tokens: int = 0
+    # tokens the worker samples in steps already sent whose outputs have not come back (async scheduling): they
+    # are not in token_ids yet, but the worker mirrors them and the next step may compute them
+    num_placeholders: int = 0
     num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
@@ -42,6 +46,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_tokens_ahead(self) -> int:
+        """Known tokens plus those the worker samples in steps in flight: what the next step may compute up to."""
+        return len(self.token_ids) + self.num_placeholders
 
     @property
     def num_output_tokens(self) -> int:

@@ -2,6 +2,15 @@
 
 There is no prefill or decode phase: each request only has `num_computed_tokens` catching up with its tokens.
 A decode is a request one token behind; a chunked prefill or a prefix hit is just a bigger gap.
+
+Async scheduling (the engine loop plans step N+1 while the worker runs step N) needs no mode here, only an order
+of calls: `schedule()` may run again before the last step's `update_from_output`. A step advances
+`num_computed_tokens` when it is scheduled, and a request whose step reaches the end of its tokens gets a
+placeholder for the token the worker will sample; the next step computes that token (the worker mirrors it), and
+the output replaces the placeholder. Outputs of steps sent before a request finished, was aborted or replaced are
+dropped, so a request that stops at step N streams nothing from step N+1; a request preempted while its step ran
+keeps the token that step sampled. A request whose placeholders already take it to its length limit is not
+scheduled again.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ class RequestRejected(ValueError):
 class SchedulerOutput:
     step_input: StepInput  # what the worker runs
     preempted_req_ids: list[str] = field(default_factory=list)
+    # the scheduled requests as they were then: update_from_output takes outputs only for the same live objects
+    requests: dict[str, Request] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -83,25 +94,35 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
         step = StepInput(finished_req_ids=self.finished_req_ids)
+        scheduled = SchedulerOutput(step)
         self.finished_req_ids = []
         preempted: list[Request] = []
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            index += 1
+            if self._reached_limit(request):
+                continue  # the steps in flight take it to its length limit: it finishes when their outputs come
+            num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # the request preempted itself: nothing after it is running any more
-            self._schedule(request, num_new, step)
+            self._schedule(request, num_new, scheduled)
             budget -= num_new
-            index += 1
         for request in preempted:
             if request.on_worker:
                 step.finished_req_ids.append(request.req_id)
                 request.on_worker = False
         if not preempted:
-            self._admit(budget, step)
+            self._admit(budget, scheduled)
         self.stats.record_step(step.total_num_scheduled_tokens, len(preempted))
-        return SchedulerOutput(step, [r.req_id for r in preempted])
+        scheduled.preempted_req_ids = [r.req_id for r in preempted]
+        return scheduled
+
+    def _reached_limit(self, request: Request) -> bool:
+        """Whether the tokens being sampled in steps in flight already end the request by length."""
+        return request.num_placeholders > 0 and (
+            request.num_output_tokens + request.num_placeholders >= request.sampling.max_tokens
+            or request.num_tokens_ahead >= self.worker.max_model_len)
 
     def _chunk(self, num_left: int, budget: int) -> int:
         """How many of a request's `num_left` tokens to compute now: all of them when they fit the budget or pass
@@ -126,10 +147,13 @@ class Scheduler:
         request.num_preemptions += 1
         self.waiting.appendleft(request)
 
-    def _admit(self, budget: int, step: StepInput) -> None:
+    def _admit(self, budget: int, scheduled: SchedulerOutput) -> None:
         deferred: list[Request] = []  # sitting out this step, in queue order
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_placeholders:  # preempted while a step ran: its tokens are not all known yet
+                deferred.append(self.waiting.popleft())
+                continue
             prefix = self.kv.find_prefix(request)
             # a running request is computing the next block this one needs: wait for the hit instead of redoing it
             if self.kv.prefix_in_flight(request, prefix):
@@ -148,7 +172,7 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self._start(request, num_computed, prefix)
-            self._schedule(request, num_new, step)
+            self._schedule(request, num_new, scheduled)
             budget -= num_new
         self.waiting.extendleft(reversed(deferred))
 
@@ -161,8 +185,10 @@ class Scheduler:
             self.kv.record_prefix_query(request.num_tokens, prefix)
         self.running.append(request)
 
-    def _schedule(self, request: Request, num_new: int, step: StepInput) -> None:
-        """Add the request to the step, as a new mirror or as the delta since its last step."""
+    def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput) -> None:
+        """Add the request to the step, as a new mirror or as the delta since its last step, and count the step's
+        tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then)."""
+        step = scheduled.step_input
         block_ids = self.kv.block_ids(request.req_id)
         if request.on_worker:
             step.cached_requests.append(CachedRequest(
@@ -174,22 +200,27 @@ class Scheduler:
             request.on_worker = True
         request.num_blocks_on_worker = len(block_ids)
         step.num_scheduled_tokens[request.req_id] = num_new
+        scheduled.requests[request.req_id] = request
+        request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens_ahead:
+            request.num_placeholders += 1
 
     # --- after the worker ran the step ---------------------------------------------------------------------
 
     def update_from_output(self, scheduled: SchedulerOutput, output: StepOutput) -> list[RequestOutput]:
-        """Advance computed tokens, append sampled tokens, apply stop conditions; one output per touched request."""
-        for req_id, num in scheduled.step_input.num_scheduled_tokens.items():
-            request = self.requests.get(req_id)
-            if request is not None and request.status is RequestStatus.RUNNING:
-                request.num_computed_tokens += num
+        """Index the blocks the step filled, append sampled tokens, apply stop conditions; one output per request
+        that sampled. Steps come back in the order they were scheduled."""
+        for request in scheduled.requests.values():
+            if request.status is RequestStatus.RUNNING and self.requests.get(request.req_id) is request:
                 self.kv.cache_full_blocks(request)
         outputs = []
         for req_id, token_id, logprobs in zip(output.req_ids, output.sampled_token_ids, output.logprobs,
                                               strict=True):
-            request = self.requests.get(req_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
-                continue  # aborted while the step ran
+            request = scheduled.requests.get(req_id)
+            if request is None or self.requests.get(req_id) is not request:
+                continue  # finished or aborted since the step was scheduled: its token is dropped
+            assert request.num_placeholders > 0, f"request {req_id} sampled a token no step was due to sample"
+            request.num_placeholders -= 1
             request.token_ids.append(token_id)
             reason = check_stop(request, token_id, self.worker.eos_token_ids, self.worker.max_model_len)
             if reason is not None:

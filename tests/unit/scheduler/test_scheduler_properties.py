@@ -2,9 +2,10 @@
 
 Random arrivals (also while a step is in flight), prompts that share prefixes (with and without salts), output
 lengths, stop rules, aborts (between steps and in flight), small pools (so preemptions happen), and random budget,
-max_num_seqs, block size, watermark, chunked prefill and prefix caching. Every step is checked against the
-scheduler's invariants; at the end everything is finished and free, and every finished request produced exactly
-what it produces when it runs alone.
+max_num_seqs, block size, watermark, chunked prefill and prefix caching, serial or async scheduling (the next
+step scheduled before the last one's output comes back). Every step is checked against the scheduler's invariants;
+at the end everything is finished and free, and every finished request produced exactly what it produces when it
+runs alone (serially).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from services.scheduler.request import RequestStatus
 from services.scheduler.scheduler import RequestRejected, SchedulerOutput
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
+from shared.step_protocol import StepOutput
 from tests.unit.scheduler.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen
 
@@ -44,6 +46,7 @@ class Scenario:
     max_model_len: int
     eos_prob: float
     arrivals: list[Arrival]
+    async_scheduling: bool = False  # schedule step N+1 before feeding step N's output (one step in flight)
 
     def description(self):
         return describe(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
@@ -86,7 +89,7 @@ def scenarios(draw, caching: bool | None = None, min_requests: int = 1, min_stem
         arrivals.append(Arrival(request, draw(st.sampled_from(range(13))), draw(st.booleans()),
                                 draw(st.integers(0, 16)) if aborts else None, draw(st.booleans())))
     return Scenario(config, num_blocks, block_size, max_model_len, draw(st.sampled_from([0.0, 0.1, 0.3])),
-                    arrivals)
+                    arrivals, draw(st.booleans()))
 
 
 def expect_rejected(scenario: Scenario, request: GenerateRequest) -> bool:
@@ -100,7 +103,8 @@ class Before:
 
     def __init__(self, scheduler) -> None:
         self.running = [r.req_id for r in scheduler.running]
-        self.gaps = {r.req_id: r.num_tokens - r.num_computed_tokens for r in scheduler.running}
+        self.gaps = {r.req_id: r.num_tokens_ahead - r.num_computed_tokens for r in scheduler.running}
+        self.at_limit = {r.req_id for r in scheduler.running if scheduler._reached_limit(r)}
         self.keyed_blocks = {b.block_id for b in scheduler.kv.pool.blocks if b.key is not None}
         counters = scheduler.kv.prefix_index.counters
         self.num_queries, self.num_hits, self.num_evictions = (counters.num_queries, counters.num_hits,
@@ -133,7 +137,10 @@ class Run:
             self.aborted.add(req_id)
 
     def go(self, max_steps: int = 3000) -> None:
+        """Serially: schedule, run, feed. Async: schedule step N+1 (the worker runs it after step N), then feed step
+        N's output; arrivals and aborts 'in flight' come between the schedule and the feed."""
         arrivals = self.scenario.arrivals
+        in_flight: tuple[SchedulerOutput, StepOutput] | None = None  # async: the step whose output is not fed yet
         for step in range(max_steps):
             for a in arrivals:
                 if a.step == step and not a.in_flight:
@@ -141,7 +148,7 @@ class Run:
                 if a.abort_step == step and not a.abort_in_flight:
                     self.abort(a.request.req_id)
             if step > max(a.step for a in arrivals) and not (self.s.has_unfinished_requests()
-                                                               or self.s.finished_req_ids):
+                                                               or self.s.finished_req_ids or in_flight):
                 return
             before = Before(self.s)
             scheduled = self.s.schedule()
@@ -152,8 +159,14 @@ class Run:
                     self.add(a)
                 if a.abort_step == step and a.abort_in_flight:
                     self.abort(a.request.req_id)
-            outputs = self.h.feed(scheduled, step_output)
-            assert len({o.req_id for o in outputs}) == len(outputs)
+            if self.scenario.async_scheduling:
+                sent = (scheduled, step_output)
+                if scheduled.step_input.is_empty and not scheduled.step_input.finished_req_ids:
+                    sent = None  # nothing to send: the loop waits for the step in flight instead
+                in_flight, (scheduled, step_output) = sent, in_flight or (None, None)
+            if scheduled is not None:
+                outputs = self.h.feed(scheduled, step_output)
+                assert len({o.req_id for o in outputs}) == len(outputs)
             self.check_state()
         raise AssertionError(f"not done after {max_steps} steps: waiting {[r.req_id for r in self.s.waiting]}, "
                              f"running {[r.req_id for r in self.s.running]}")
@@ -169,7 +182,7 @@ class Run:
         assert sorted(sent) == sorted(num)  # each scheduled request once, as new or as cached
         # every request admitted took a token of some step, so the running ones never outnumber the budget and
         # all of them get their turn every step (the one continuing prefill, always the newest, takes the rest)
-        assert [r.req_id for r in self.s.running] == list(num)
+        assert [r.req_id for r in self.s.running if r.req_id not in before.at_limit] == list(num)
         assert self.s.stats.num_scheduled_tokens_last_step == step.total_num_scheduled_tokens
         # decodes first, then continuing prefills, then admissions (which carry everything as NewRequests)
         gaps = before.gaps
@@ -204,10 +217,10 @@ class Run:
     def check_blocks(self, scheduled: SchedulerOutput, before: Before) -> None:
         """Blocks cover exactly computed + scheduled tokens; admissions while others run leave the watermark."""
         step, kv = scheduled.step_input, self.s.kv
-        for req_id, n in step.num_scheduled_tokens.items():
-            request = self.s.requests[req_id]
-            assert request.num_computed_tokens + n <= request.num_tokens
-            assert len(kv.block_ids(req_id)) == kv.blocks_needed(request.num_computed_tokens + n)
+        for req_id in step.num_scheduled_tokens:
+            request = self.s.requests[req_id]  # its computed tokens include this step's
+            assert request.num_computed_tokens <= request.num_tokens_ahead
+            assert len(kv.block_ids(req_id)) == kv.blocks_needed(request.num_computed_tokens)
         num_running_at_admission = len(before.running) - len(scheduled.preempted_req_ids)
         if step.new_requests and (num_running_at_admission or len(step.new_requests) > 1):
             assert kv.pool.num_free_blocks >= kv.watermark_blocks
@@ -234,7 +247,7 @@ class Run:
         for req_id, n in step.num_scheduled_tokens.items():
             request = self.s.requests[req_id]
             block_ids = kv.block_ids(req_id)
-            for position in range(request.num_computed_tokens, request.num_computed_tokens + n):
+            for position in range(request.num_computed_tokens - n, request.num_computed_tokens):
                 self.writer_salt[block_ids[position // kv.block_size]] = request.cache_salt
 
     def check_state(self) -> None:
@@ -242,7 +255,8 @@ class Run:
         kv.check_integrity()
         for request in s.running:
             assert request.status is RequestStatus.RUNNING
-            assert 1 <= request.num_tokens - request.num_computed_tokens
+            assert request.num_placeholders <= int(self.scenario.async_scheduling)  # the step in flight's
+            assert 1 <= request.num_tokens_ahead - request.num_computed_tokens or s._reached_limit(request)
             assert len(kv.block_ids(request.req_id)) == kv.blocks_needed(request.num_computed_tokens)
             assert request.num_tokens < self.scenario.max_model_len
             assert request.num_output_tokens < request.sampling.max_tokens
