@@ -10,6 +10,7 @@ port moves to a free one unless it was chosen explicitly.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from shared.model_dir import model_dir_problem
 
 _PR_SET_PDEATHSIG = 1
 SCHEDULER_SERVICE = "pagedserve.v1.SchedulerService"  # its gRPC health name for readiness
+SERVE_METRICS_PORT = 8001  # the scheduler's /metrics under `serve` unless --metrics-port says otherwise
 
 
 @dataclass
@@ -73,7 +75,24 @@ def resolve_ports(config: ServeConfig, log: Callable[[str], None]) -> ServeConfi
             ports[name] = _another_free_port(taken)
             log(f"port {port} for {what} is in use: using {ports[name]} instead (choose one with {flag_name(name)})")
         taken.add(ports[name])
-    return with_ports(config, ports["scheduler_port"], ports["worker_port"])
+    return _with_metrics_port(with_ports(config, ports["scheduler_port"], ports["worker_port"]), taken, log)
+
+
+def _with_metrics_port(config: ServeConfig, taken: set[int], log: Callable[[str], None]) -> ServeConfig:
+    """The scheduler's Prometheus /metrics: --metrics-port when given (0: none), else SERVE_METRICS_PORT, or a free
+    port when that one is taken (said through `log`)."""
+    port = config.scheduler.metrics_port
+    if "metrics_port" in config.explicit:
+        if port and (port in taken or not port_is_free(INTERNAL_HOST, port)):
+            raise PortInUseError(INTERNAL_HOST, port, "the scheduler's /metrics", "--metrics-port")
+    elif SERVE_METRICS_PORT in taken or not port_is_free(INTERNAL_HOST, SERVE_METRICS_PORT):
+        port = _another_free_port(taken)
+        log(f"port {SERVE_METRICS_PORT} for the scheduler's /metrics is in use: using {port} instead (choose one "
+            "with --metrics-port)")
+    else:
+        port = SERVE_METRICS_PORT
+    scheduler = dataclasses.replace(config.scheduler, metrics_port=port)
+    return dataclasses.replace(config, services={**config.services, "scheduler": scheduler})
 
 
 def _another_free_port(taken: set[int]) -> int:
@@ -170,7 +189,9 @@ def ready_banner(config: ServeConfig, model_name: str) -> str:
             f'France?"}}], "max_tokens": 32, "temperature": 0}}')
     return "\n".join([
         f"pagedserve is ready: {model_name}",
-        f"  OpenAI API: {base}/v1   health: {base}/health   metrics: {base}/metrics",
+        f"  OpenAI API: {base}/v1   health: {base}/health   HTTP metrics: {base}/metrics",
+        *([f"  engine metrics (Prometheus): http://{INTERNAL_HOST}:{config.scheduler.metrics_port}/metrics"]
+          if config.scheduler.metrics_port else []),
         "  try:",
         f"    curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
         f"      -d '{body}'",

@@ -39,7 +39,8 @@ SERVICES: dict[str, tuple[type, str, str]] = {
 INTERNAL_HOST = "127.0.0.1"  # the worker's and the scheduler's gRPC servers listen here under `serve`
 # Fields the launcher sets itself: where the internal servers listen and how the services find each other.
 WIRING = ("worker_host", "scheduler_host", "worker_address", "scheduler_address")
-INTERNAL_PORTS = ("scheduler_port", "worker_port")  # flags of serve, but moved by it when taken (see launcher)
+# Flags of serve, but moved by it when taken (see launcher); always passed to the child
+INTERNAL_PORTS = ("scheduler_port", "worker_port", "metrics_port")
 SECRET_SUFFIXES = ("_key", "_token")
 DESCRIPTION = "start worker, scheduler and gateway for MODEL_DIR, wait until they are healthy, stop them together"
 EPILOG = """Every flag is also a PAGEDSERVE_* variable (shown with each flag; a flag beats the variable, which beats

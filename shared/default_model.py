@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         gguf = download_gguf(Path(tmp))
-        convert(gguf, args.out)
+        partial = args.out.with_name(args.out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        convert(gguf, partial)
+    shutil.rmtree(args.out, ignore_errors=True)  # an incomplete folder from an earlier, interrupted run
+    partial.rename(args.out)  # atomic: a reader (an init container, say) sees no folder or a complete one
     print(f"model written: {args.out}")
 
 

@@ -71,7 +71,7 @@ class StepOutput:
 
 
 @dataclass(frozen=True)
-class WorkerDescription:
+class ModelDescription:
     """What the worker tells the scheduler at start-up: model facts and the KV pool it allocated."""
 
     model_name: str

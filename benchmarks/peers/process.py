@@ -25,12 +25,18 @@ class ServerSpec:
     argv: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
+    metrics_port: int | None = None  # where its engine's Prometheus /metrics are, when not on the API port
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """None: the bench's default (BASE_URL/metrics)."""
+        return None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
 
 
 class ServerProcess:

@@ -22,6 +22,7 @@ class Target:
     base_url: str
     model: str  # the name requests carry (what the server lists first)
     tokenizer: str  # the Hugging Face folder whose tokenizer sizes the prompts, the same for every server
+    metrics_url: str | None = None  # the engine's Prometheus /metrics; None: BASE_URL/metrics
 
 
 @dataclass
@@ -46,7 +47,8 @@ def bench_server(
         for group in groups:
             log_path = plan.out_dir / "logs" / f"{kind.label}-c{'-'.join(map(str, group))}.log"
             with ServerProcess(kind.spec(options, max(group)), log_path) as server:
-                target = Target(kind.label, server.spec.base_url, server.model_name(), str(options.model_dir))
+                target = Target(kind.label, server.spec.base_url, server.model_name(), str(options.model_dir),
+                                server.spec.metrics_url)
                 _run_group(server, target, plan, group, run)
     except (RuntimeError, TimeoutError, OSError, subprocess.SubprocessError) as exc:
         run.error = f"{type(exc).__name__}: {exc}"
@@ -88,4 +90,5 @@ def point_argv(target: Target, plan: SuitePlan, workload: str, concurrency: int,
         "--num-prompts", str(plan.prompts_for(concurrency)), "--seed", str(plan.seed_for(concurrency)),
         "--num-warmups", str(num_warmups), "--no-plot",
     ])  # fmt: skip
-    return serve_argv(args, next(w for w in WORKLOADS if w.name == workload), ["--disable-tqdm"])
+    metrics = ["--metrics-url", target.metrics_url] if target.metrics_url else []
+    return serve_argv(args, next(w for w in WORKLOADS if w.name == workload), ["--disable-tqdm", *metrics])

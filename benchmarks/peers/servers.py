@@ -37,10 +37,12 @@ class ServerKind:
 
 
 def pagedserve_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
-    port = free_port()
+    """Engine counters (prefix hits, KV usage) are on the scheduler's own /metrics, not the gateway's."""
+    port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "services.cli", "serve", str(options.model_dir), "--port", str(port),
-            "--scheduler-port", str(free_port()), "--worker-port", str(free_port())]  # fmt: skip
-    return ServerSpec("pagedserve", argv, port)
+            "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
+            "--metrics-port", str(metrics_port)]  # fmt: skip
+    return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
 
 
 def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:

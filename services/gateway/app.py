@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import re
+import time
 import uuid
 from importlib import metadata
 
@@ -66,7 +67,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
 
 
 class AuthAndCount:
-    """Pure ASGI middleware (it leaves `receive` alone, so disconnects stay visible): API key, request counts."""
+    """Pure ASGI middleware (it leaves `receive` alone, so disconnects stay visible): API key, HTTP metrics."""
 
     def __init__(self, app, serving: Serving) -> None:
         self.app = app
@@ -76,25 +77,36 @@ class AuthAndCount:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        api_key, counter = self.serving.config.api_key, self.serving.metrics.http_requests
+        api_key, metrics = self.serving.config.api_key, self.serving.metrics
         if api_key and scope["path"].startswith(_PROTECTED_PREFIXES) and not _has_key(scope, api_key):
-            counter.labels(scope["path"], "401").inc()
+            metrics.http_requests.labels(scope["path"], "401").inc()
             response = error_response(OpenAIError(401, "Incorrect or missing API key: pass 'Authorization: "
                                                        "Bearer <key>'", code="invalid_api_key"))
             await response(scope, receive, send)
             return
-        status = ["500"]
+        start_s, status, first_byte = time.perf_counter(), ["500"], [True]
 
-        async def send_and_note_status(message) -> None:
+        async def send_and_measure(message) -> None:
             if message["type"] == "http.response.start":
                 status[0] = str(message["status"])
+            elif message["type"] == "http.response.body" and first_byte[0]:
+                first_byte[0] = False
+                metrics.http_time_to_first_byte.labels(_route(scope)).observe(time.perf_counter() - start_s)
             await send(message)
 
+        metrics.http_requests_in_flight.inc()
         try:
-            await self.app(scope, receive, send_and_note_status)
+            await self.app(scope, receive, send_and_measure)
         finally:
-            route = scope.get("route")
-            counter.labels(route.path if route else "unmatched", status[0]).inc()
+            metrics.http_requests_in_flight.dec()
+            metrics.http_requests.labels(_route(scope), status[0]).inc()
+            metrics.http_request_duration.labels(_route(scope)).observe(time.perf_counter() - start_s)
+
+
+def _route(scope) -> str:
+    """The matched route's path template (bounded label values), or 'unmatched'."""
+    route = scope.get("route")
+    return route.path if route else "unmatched"
 
 
 def _has_key(scope, api_key: str) -> bool:
@@ -145,11 +157,7 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
 
     @app.get("/metrics")
     async def metrics():
-        try:
-            stats = await serving.client.get_stats()
-        except Exception:  # scrapes must not fail when the scheduler is down: pagedserve_scheduler_up 0
-            stats = None
-        return Response(serving.metrics.render(stats), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(serving.metrics.render(serving.ready), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):

@@ -10,9 +10,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.scheduler_contract import generate_request_to_pb, output_from_chunk, stats_from_pb
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.service_stats import ServiceStats
+from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import GenerateRequest, RequestOutput
-from shared.step_protocol import WorkerDescription
+from shared.step_protocol import ModelDescription
 from shared.tracing import outgoing_metadata
 
 SCHEDULER_SERVICE = "pagedserve.v1.SchedulerService"
@@ -48,10 +48,10 @@ class SchedulerClient:
             return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
-    async def describe(self) -> WorkerDescription:
+    async def describe(self) -> ModelDescription:
         return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=self.timeout_s))
 
-    async def get_stats(self) -> ServiceStats:
+    async def get_stats(self) -> SchedulerStats:
         return stats_from_pb(await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=self.timeout_s))
 
     async def close(self) -> None:

@@ -18,7 +18,7 @@ from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_
 from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
-from shared.step_protocol import WorkerDescription
+from shared.step_protocol import ModelDescription
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +31,21 @@ class Serving:
     generation_defaults: dict
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     admission: Admission = field(init=False)
-    model: WorkerDescription | None = None  # set once the scheduler described its worker
+    description: ModelDescription | None = None  # the model facts, set once the scheduler described its worker
     ready: bool = False  # the scheduler reports SERVING
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
 
-    def require_model(self, requested: str | None) -> WorkerDescription:
+    def require_model(self, requested: str | None) -> ModelDescription:
         """The served model; 503 before the scheduler is ready, 404 for another model name."""
-        if not self.ready or self.model is None:
+        if not self.ready or self.description is None:
             raise OpenAIError(503, "the scheduler is not ready yet", code="service_unavailable")
-        if requested not in (None, self.model.model_name, self.config.model_dir, self.model_root):
+        if requested not in (None, self.description.model_name, self.config.model_dir, self.model_root):
             raise OpenAIError(404, f"The model `{requested}` does not exist.", param="model",
                               code="model_not_found")
-        return self.model
+        return self.description
 
     @property
     def model_root(self) -> str:
@@ -54,8 +54,8 @@ class Serving:
 
     @property
     def limits(self) -> ModelLimits:
-        assert self.model is not None, "require_model() first"
-        return ModelLimits(self.model.max_model_len, self.model.vocab_size)
+        assert self.description is not None, "require_model() first"
+        return ModelLimits(self.description.max_model_len, self.description.vocab_size)
 
     async def encode_prompt(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
         """The text's token ids, tokenized off the event loop; a text that surely cannot fit the context is a 400
@@ -104,17 +104,17 @@ class Serving:
     async def refresh(self) -> bool:
         """Ask the scheduler now whether it serves (describing its model the first time); returns `ready`."""
         serving = await self.client.is_serving()
-        if serving and self.model is None:
+        if serving and self.description is None:
             try:
-                self.model = await self.client.describe()
+                self.description = await self.client.describe()
             except Exception as exc:  # retried at the next poll
                 log.warning("describe failed: %s", exc)
                 serving = False
         if serving != self.ready:
             if serving:
                 log.info("scheduler at %s ready: serving %s (context %d)", self.client.address,
-                         self.model.model_name, self.model.max_model_len)
+                         self.description.model_name, self.description.max_model_len)
             else:
                 log.warning("scheduler at %s unavailable", self.client.address)
-        self.ready = serving and self.model is not None
+        self.ready = serving and self.description is not None
         return self.ready

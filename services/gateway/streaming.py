@@ -1,11 +1,10 @@
-"""Turning choice deltas into responses: SSE framing, usage, metrics and the request's span."""
+"""Turning choice deltas into responses: SSE framing, usage and the request's span."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ from services.gateway.generation import (
     stream_choice,
 )
 from services.gateway.serving import Serving
-from shared.tracing import get_tracer
+from shared.tracing import gen_ai_request_attributes, get_tracer, record_error
 
 STREAM_BUFFER = 64  # deltas a stream may run ahead of its client
 
@@ -55,29 +54,37 @@ def usage_of(results: list[ChoiceResult]) -> dict:
     return tracker.usage()
 
 
+_OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # endpoint -> gen_ai.operation.name
+
+
 async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, req_id: str
                       ) -> AsyncIterator[ChoiceDelta]:
-    """All deltas of the request's choices, inside the request's span, with latency and token metrics."""
-    start_s = time.perf_counter()
-    metrics, tracker, first = serving.metrics, UsageTracker(), True
-    span = get_tracer().start_span("gateway.generate", attributes={"req_id": req_id, "endpoint": endpoint,
-                                                                   "num_choices": len(jobs)})
-    with trace.use_span(span, end_on_exit=True):
-        streams = [stream_choice(serving.client, serving.tokenizer, job) for job in jobs]
-        async with contextlib.aclosing(merge_choices(streams)) as deltas:
-            async for delta in deltas:
-                if first and delta.text:
-                    metrics.time_to_first_token.labels(endpoint).observe(time.perf_counter() - start_s)
-                    first = False
-                tracker.add(delta)
-                yield delta
+    """All deltas of the request's choices inside the request's span (GenAI semantic conventions; ERROR status
+    when the request fails)."""
+    tracker = UsageTracker()
+    operation, model_name = _OPERATIONS[endpoint], serving.description.model_name
+    span = get_tracer().start_span(f"{operation} {model_name}", attributes={
+        "req_id": req_id, "gen_ai.operation.name": operation, "gen_ai.provider.name": "pagedserve",
+        "gen_ai.request.model": model_name, "gen_ai.request.choice.count": len(jobs),
+        **gen_ai_request_attributes(jobs[0].request.sampling)})
+    finish_reasons: list[str] = []
+    with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+        try:
+            streams = [stream_choice(serving.client, serving.tokenizer, job) for job in jobs]
+            async with contextlib.aclosing(merge_choices(streams)) as deltas:
+                async for delta in deltas:
+                    tracker.add(delta)
+                    if delta.finish_reason:
+                        finish_reasons.append(delta.finish_reason)
+                    yield delta
+        except Exception as exc:
+            record_error(span, exc)
+            raise
         usage = tracker.usage()
-        span.set_attributes({"num_prompt_tokens": usage["prompt_tokens"],
-                             "num_output_tokens": usage["completion_tokens"],
+        span.set_attributes({"gen_ai.response.model": model_name, "gen_ai.response.finish_reasons": finish_reasons,
+                             "gen_ai.usage.input_tokens": usage["prompt_tokens"],
+                             "gen_ai.usage.output_tokens": usage["completion_tokens"],
                              "num_cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]})
-    metrics.request_latency.labels(endpoint).observe(time.perf_counter() - start_s)
-    metrics.prompt_tokens.inc(usage["prompt_tokens"])
-    metrics.generation_tokens.inc(usage["completion_tokens"])
 
 
 async def collect_until_disconnect(request: Request, serving: Serving, jobs: list[ChoiceJob], endpoint: str,

@@ -22,7 +22,7 @@ from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
 from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import StepOutput, WorkerDescription
+from shared.step_protocol import ModelDescription, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,8 @@ class ModelRunner:
         log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
                  config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
 
-    def describe(self) -> WorkerDescription:
-        return WorkerDescription(
+    def describe(self) -> ModelDescription:
+        return ModelDescription(
             model_name=self.config.model_name or Path(self.config.model_dir).name,
             architecture=self.model_config.architecture,
             max_model_len=self.max_model_len,

@@ -1,4 +1,5 @@
-"""The gpu-worker's gRPC server: Describe and Step around one Worker; health SERVING once the model is loaded.
+"""The gpu-worker's gRPC server: Describe and Step around one Worker. Health: "" (liveness) SERVING while the
+process serves gRPC; pagedserve.v1.WorkerService (readiness) SERVING once the model is loaded.
 
 The model is built and every step runs on one dedicated thread. gRPC hands calls to a pool of threads, and each
 thread that enters torch's OpenMP regions gets its own team of worker threads, which spin after each region: steps
@@ -58,14 +59,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def Step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:  # noqa: N802
         worker = self._ready()
         step = step_input_from_pb(request)
-        tracer = get_tracer()
-        with tracer.start_as_current_span("worker.step", context=incoming_context(context.invocation_metadata()),
-                                          attributes=_step_attributes(request.step_id, step)) as span:
-            request_spans = _start_request_spans(traceparents_from_pb(request), step, span)
-            output = self._model_thread.submit(worker.execute_step, step).result()  # one step at a time
-            span.set_attribute("forward_time_ns", output.forward_time_ns)
-            _end_request_spans(request_spans, output)
+        parent = incoming_context(context.invocation_metadata())
+        if trace.get_current_span(parent).get_span_context().is_valid:  # a step the scheduler traces
+            with get_tracer().start_as_current_span("worker.step", context=parent,
+                                                    attributes=_step_attributes(request.step_id, step)) as span:
+                output = self._run_step(worker, step, traceparents_from_pb(request), span)
+                span.set_attribute("forward_time_ns", output.forward_time_ns)
+        else:  # no trace of its own per step: the requests' spans below still join their traces
+            output = self._run_step(worker, step, traceparents_from_pb(request), None)
         return step_output_to_pb(output)
+
+    def _run_step(self, worker: Worker, step: StepInput, traceparents: dict[str, str],
+                  step_span: trace.Span | None) -> StepOutput:
+        request_spans = _start_request_spans(traceparents, step, step_span)
+        output = self._model_thread.submit(worker.execute_step, step).result()  # one step at a time
+        _end_request_spans(request_spans, output)
+        return output
 
 
 def _step_attributes(step_id: int, step: StepInput) -> dict:
@@ -74,12 +83,13 @@ def _step_attributes(step_id: int, step: StepInput) -> dict:
             "num_scheduled_tokens": step.total_num_scheduled_tokens}
 
 
-def _start_request_spans(traceparents: dict[str, str], step: StepInput, step_span: trace.Span
+def _start_request_spans(traceparents: dict[str, str], step: StepInput, step_span: trace.Span | None
                          ) -> dict[str, trace.Span]:
-    """A span in each new request's own trace, so its trace reaches the worker (linked to the step span)."""
-    if not traceparents or not step_span.is_recording():
+    """A span in each new request's own trace (a child of its scheduler span), linked to the step's span if any."""
+    if not traceparents:
         return {}
-    tracer, links = get_tracer(), [trace.Link(step_span.get_span_context())]
+    tracer = get_tracer()
+    links = [trace.Link(step_span.get_span_context())] if step_span is not None and step_span.is_recording() else []
     spans = {}
     for new in step.new_requests:
         if new.req_id in traceparents:
@@ -104,14 +114,14 @@ def build_server(servicer: WorkerServicer, host: str, port: int) -> tuple[grpc.S
         *GRPC_SERVER_OPTIONS])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # liveness: the process serves gRPC
+    health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)  # readiness: the model is loaded
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     bind_grpc_port(server, host, port, "the worker's gRPC server", "--worker-port")
     return server, health_servicer
 
 
 def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:
+    """Readiness (the named service); liveness ("") stays SERVING while the process runs."""
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ("", SERVICE_NAME):
-        health_servicer.set(name, status)
+    health_servicer.set(SERVICE_NAME, status)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from services.gpu_worker.model_runner import ModelRunner
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, WorkerDescription
+from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 
 
 class StepProtocolError(RuntimeError):
@@ -17,7 +17,7 @@ class Worker:
         self.runner = ModelRunner(config)
         self.requests: dict[str, RequestState] = {}
 
-    def describe(self) -> WorkerDescription:
+    def describe(self) -> ModelDescription:
         return self.runner.describe()
 
     def execute_step(self, step: StepInput) -> StepOutput:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from services.proto_gen import common_pb2
 from shared.sampling_params import SamplingParams
-from shared.step_protocol import TokenLogprobs, WorkerDescription
+from shared.step_protocol import ModelDescription, TokenLogprobs
 
 # Scalars copied one to one; an unset proto field falls back to the dataclass default.
 _SAMPLING_SCALARS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
@@ -33,7 +33,7 @@ def logprobs_from_pb(pb: common_pb2.TokenLogprobs) -> TokenLogprobs:
                          top_token_ids=list(pb.top_token_ids), top_logprobs=list(pb.top_logprobs))
 
 
-def description_to_pb(desc: WorkerDescription) -> common_pb2.ModelDescription:
+def description_to_pb(desc: ModelDescription) -> common_pb2.ModelDescription:
     return common_pb2.ModelDescription(
         model_name=desc.model_name, architecture=desc.architecture, max_model_len=desc.max_model_len,
         vocab_size=desc.vocab_size, num_kv_blocks=desc.num_kv_blocks, block_size=desc.block_size,
@@ -41,8 +41,8 @@ def description_to_pb(desc: WorkerDescription) -> common_pb2.ModelDescription:
         attention_backend=desc.attention_backend, kv_cache_bytes=desc.kv_cache_bytes)
 
 
-def description_from_pb(pb: common_pb2.ModelDescription) -> WorkerDescription:
-    return WorkerDescription(
+def description_from_pb(pb: common_pb2.ModelDescription) -> ModelDescription:
+    return ModelDescription(
         model_name=pb.model_name, architecture=pb.architecture, max_model_len=pb.max_model_len,
         vocab_size=pb.vocab_size, num_kv_blocks=pb.num_kv_blocks, block_size=pb.block_size,
         eos_token_ids=tuple(pb.eos_token_ids), dtype=pb.dtype, device=pb.device,

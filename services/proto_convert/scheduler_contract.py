@@ -1,10 +1,10 @@
-"""gateway -> scheduler contract: GenerateRequest / RequestOutput / ServiceStats <-> their messages."""
+"""gateway -> scheduler contract: GenerateRequest / RequestOutput / SchedulerStats <-> their messages."""
 
 from __future__ import annotations
 
 from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from services.proto_gen import scheduler_pb2
-from services.scheduler.service_stats import ServiceStats
+from services.scheduler.scheduler_stats import SCALAR_FIELDS, SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 
 _REASON_TO_PB = {
@@ -46,16 +46,11 @@ def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> Reques
                          num_output_tokens=chunk.num_output_tokens)
 
 
-_STATS_SCALARS = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions",
-                  "num_scheduled_tokens_total", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions",
-                  "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected",
-                  "num_prefix_deferrals")
-
-
-def stats_to_pb(stats: ServiceStats) -> scheduler_pb2.SchedulerStats:
-    return scheduler_pb2.SchedulerStats(**{name: getattr(stats, name) for name in _STATS_SCALARS},
+def stats_to_pb(stats: SchedulerStats) -> scheduler_pb2.SchedulerStats:
+    """Field by field, by name: the message and the dataclass have the same fields (a unit test holds them so)."""
+    return scheduler_pb2.SchedulerStats(**{name: getattr(stats, name) for name in SCALAR_FIELDS},
                                         num_finished=stats.num_finished)
 
 
-def stats_from_pb(pb: scheduler_pb2.SchedulerStats) -> ServiceStats:
-    return ServiceStats(**{name: getattr(pb, name) for name in _STATS_SCALARS}, num_finished=dict(pb.num_finished))
+def stats_from_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerStats:
+    return SchedulerStats(**{name: getattr(pb, name) for name in SCALAR_FIELDS}, num_finished=dict(pb.num_finished))

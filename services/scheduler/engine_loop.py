@@ -19,6 +19,7 @@ import grpc.aio
 from opentelemetry import trace
 
 from services.grpc_errors import WorkerUnavailable
+from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import Scheduler, SchedulerOutput
 from services.scheduler.worker_client import WorkerClient
 from shared.request_io import GenerateRequest, RequestOutput
@@ -37,10 +38,13 @@ class StateWriter(Protocol):
 
 
 class EngineLoop:
-    def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter) -> None:
+    def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
+                 observer: RequestObserver | None = None, trace_step_interval: int = 0) -> None:
         self.scheduler = scheduler
         self.worker = worker
         self.state = state
+        self.observer = observer or RequestObserver(None, scheduler.description.model_name)
+        self.trace_step_interval = trace_step_interval  # every Nth step gets a span (linked to its requests); 0: none
         self.ready = True  # False while the worker is lost and being waited for
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
         self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
@@ -66,13 +70,16 @@ class EngineLoop:
         if traceparent:
             self._traceparents[request.req_id] = traceparent
         self.state.request_arrived(request.req_id, len(request.prompt_token_ids), request.arrival_time_s)
+        self.observer.arrived(request.req_id, len(request.prompt_token_ids), span)
         self._wakeup.set()
         return queue
 
     def abort_request(self, req_id: str) -> None:
         """Drop a live request now (its stream was cancelled); a no-op once it finished."""
+        request = self.scheduler.requests.get(req_id)
         if self._forget(req_id) and self.scheduler.abort_request(req_id):
             self.state.request_finished(req_id, "abort", 0, 0)
+            self.observer.finished(req_id, "abort", request.num_prompt_tokens, request.num_output_tokens)
             self._wakeup.set()  # tell the worker to drop its mirror promptly
 
     def _forget(self, req_id: str) -> bool:
@@ -97,18 +104,26 @@ class EngineLoop:
             await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
             return
         self.num_steps += 1
-        links = [trace.Link(self._span_contexts[r]) for r in step.num_scheduled_tokens if r in self._span_contexts]
-        with get_tracer().start_as_current_span(
-                "scheduler.step", links=links, attributes={"step_id": self.num_steps,
-                                                           "num_requests": len(step.num_scheduled_tokens),
-                                                           "num_scheduled_tokens": step.total_num_scheduled_tokens}):
-            traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
-                            if r.req_id in self._traceparents}
+        self.observer.step_planned(scheduled, self.num_steps)
+        traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
+                        if r.req_id in self._traceparents}
+        if self.trace_step_interval and self.num_steps % self.trace_step_interval == 0:
+            with self._step_span(step):  # the worker's step span joins it through the call's metadata
+                output = await self._call_worker(step, traceparents)
+        else:
             output = await self._call_worker(step, traceparents)
         if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
             await self._recover(output)
         else:
             self._dispatch(scheduled, output)
+
+    def _step_span(self, step: StepInput):
+        """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""
+        links = [trace.Link(self._span_contexts[r]) for r in step.num_scheduled_tokens if r in self._span_contexts]
+        return get_tracer().start_as_current_span(
+            "scheduler.step", context=trace.set_span_in_context(trace.INVALID_SPAN), links=links,
+            attributes={"step_id": self.num_steps, "num_requests": len(step.num_scheduled_tokens),
+                        "num_scheduled_tokens": step.total_num_scheduled_tokens})
 
     async def _call_worker(self, step: StepInput, traceparents: dict[str, str]) -> StepOutput | WorkerUnavailable:
         """The step on the worker; the last step's outputs go to their streams once the call is out."""
@@ -133,12 +148,15 @@ class EngineLoop:
             if queue is None:
                 continue
             self._undelivered.append((queue, out))
+            self.observer.produced(out)
             if out.num_output_tokens == len(out.new_token_ids):
                 self.state.request_first_token(out.req_id, out.num_cached_tokens)
             if out.finished:
                 self._forget(out.req_id)
                 self.state.request_finished(out.req_id, out.finish_reason.value, out.num_output_tokens,
                                             out.num_cached_tokens)
+                self.observer.finished(out.req_id, out.finish_reason.value, out.num_prompt_tokens,
+                                       out.num_output_tokens)
 
     async def _recover(self, error: WorkerUnavailable) -> None:
         """Fail every live request, wait for the worker to return, and start over with a fresh scheduler."""
@@ -146,6 +164,7 @@ class EngineLoop:
         self.ready = False
         for req_id, queue in list(self._queues.items()):
             queue.put_nowait(error)
+            self.observer.forget(req_id)
             self.abort_request(req_id)
         description = await self.worker.wait_until_ready()
         # the worker may have restarted with an empty KV cache: the old prefix index would serve garbage

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.scheduler_stats import SchedulerStats
+from services.scheduler.scheduler_stats import SchedulerCounters, SchedulerStats
 from services.scheduler.stop_checker import check_stop
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, WorkerDescription
+from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 
 
 class RequestRejected(ValueError):
@@ -40,16 +40,16 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, worker: WorkerDescription) -> None:
+    def __init__(self, config: SchedulerConfig, description: ModelDescription) -> None:
         self.config = config
-        self.worker = worker
-        self.kv = KVCacheManager(worker.num_kv_blocks, worker.block_size, config.enable_prefix_caching,
+        self.description = description
+        self.kv = KVCacheManager(description.num_kv_blocks, description.block_size, config.enable_prefix_caching,
                                  config.watermark)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
-        self.stats = SchedulerStats()
+        self.counters = SchedulerCounters()
 
     # --- requests in and out -------------------------------------------------------------------------------
 
@@ -62,21 +62,22 @@ class Scheduler:
         self.waiting.append(request)
 
     def _validate(self, generate: GenerateRequest) -> None:
-        num_prompt, limit = len(generate.prompt_token_ids), self.worker.max_model_len
+        description = self.description
+        num_prompt, limit = len(generate.prompt_token_ids), description.max_model_len
         if num_prompt == 0:
             raise RequestRejected("the prompt is empty")
         if num_prompt >= limit:
             raise RequestRejected(f"the prompt has {num_prompt} tokens but this model's context limit is {limit} "
                                   f"tokens (at least one must remain for the output)")
         max_tokens = min(num_prompt + generate.sampling.max_tokens, limit)
-        if self.kv.blocks_needed(max_tokens) > self.worker.num_kv_blocks:
+        if self.kv.blocks_needed(max_tokens) > description.num_kv_blocks:
             raise RequestRejected(
                 f"the request needs up to {max_tokens} tokens of KV cache "
                 f"({self.kv.blocks_needed(max_tokens)} blocks) but the whole pool holds "
-                f"{self.worker.num_kv_blocks * self.worker.block_size} tokens ({self.worker.num_kv_blocks} blocks)")
-        bad = [t for t in generate.prompt_token_ids if not 0 <= t < self.worker.vocab_size]
+                f"{description.num_kv_blocks * description.block_size} tokens ({description.num_kv_blocks} blocks)")
+        bad = [t for t in generate.prompt_token_ids if not 0 <= t < description.vocab_size]
         if bad:
-            raise RequestRejected(f"token id {bad[0]} is out of the vocabulary (size {self.worker.vocab_size})")
+            raise RequestRejected(f"token id {bad[0]} is out of the vocabulary (size {description.vocab_size})")
 
     def abort_request(self, req_id: str) -> bool:
         """Drop a request at any time; its blocks are free at once. False when it was unknown or finished."""
@@ -114,7 +115,7 @@ class Scheduler:
                 request.on_worker = False
         if not preempted:
             self._admit(budget, scheduled)
-        self.stats.record_step(step.total_num_scheduled_tokens, len(preempted))
+        self.counters.record_step(step.total_num_scheduled_tokens, len(preempted))
         scheduled.preempted_req_ids = [r.req_id for r in preempted]
         return scheduled
 
@@ -122,7 +123,7 @@ class Scheduler:
         """Whether the tokens being sampled in steps in flight already end the request by length."""
         return request.num_placeholders > 0 and (
             request.num_output_tokens + request.num_placeholders >= request.sampling.max_tokens
-            or request.num_tokens_ahead >= self.worker.max_model_len)
+            or request.num_tokens_ahead >= self.description.max_model_len)
 
     def _chunk(self, num_left: int, budget: int) -> int:
         """How many of a request's `num_left` tokens to compute now: all of them when they fit the budget or pass
@@ -158,7 +159,7 @@ class Scheduler:
             # a running request is computing the next block this one needs: wait for the hit instead of redoing it
             if self.kv.prefix_in_flight(request, prefix):
                 deferred.append(self.waiting.popleft())
-                self.stats.record_deferral()
+                self.counters.record_deferral()
                 continue
             num_computed = prefix.num_tokens(self.kv.block_size)
             num_new = request.num_tokens - num_computed
@@ -222,7 +223,8 @@ class Scheduler:
             assert request.num_placeholders > 0, f"request {req_id} sampled a token no step was due to sample"
             request.num_placeholders -= 1
             request.token_ids.append(token_id)
-            reason = check_stop(request, token_id, self.worker.eos_token_ids, self.worker.max_model_len)
+            self.counters.record_token(request.num_prompt_tokens, is_first=request.num_output_tokens == 1)
+            reason = check_stop(request, token_id, self.description.eos_token_ids, self.description.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
             outputs.append(self._output(request, [logprobs]))
@@ -245,8 +247,9 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         del self.requests[request.req_id]
-        self.stats.record_finish(reason)
+        self.counters.record_finish(reason)
 
     def snapshot_stats(self) -> SchedulerStats:
-        return self.stats.snapshot(num_running=len(self.running), num_waiting=len(self.waiting),
-                                   kv_usage=self.kv.usage, prefix=self.kv.prefix_index.counters)
+        return self.counters.snapshot(num_running=len(self.running), num_waiting=len(self.waiting),
+                                      kv_usage=self.kv.usage, num_kv_blocks=self.description.num_kv_blocks,
+                                      prefix=self.kv.prefix_index.counters)

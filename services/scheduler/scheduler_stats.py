@@ -1,31 +1,101 @@
-"""Scheduler counters the services expose (Prometheus, Redis, the stats RPC)."""
+"""The scheduler's figures in one shape: `SchedulerStats`, a snapshot whose field names are the GetStats message's
+field names, whose metadata names its Prometheus metric, and whose scalars are the Redis stats hash.
+
+`SchedulerCounters` is the mutable part the Scheduler bumps on its hot path; `Scheduler.snapshot_stats()` combines
+it with the gauges into a `SchedulerStats`, and the service adds its Redis writer's counters with `replace`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from services.scheduler.prefix_cache import PrefixCacheCounters
 from shared.request_io import FinishReason
 
+MetricKind = Literal["counter", "gauge"]
 
-@dataclass
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """How a stats field is exposed to Prometheus: a counter's name gets `_total` appended by the client library."""
+
+    kind: MetricKind
+    name: str
+    documentation: str
+    label: str | None = None  # for dict fields: the label their keys become
+
+
+def _metric(kind: MetricKind, name: str, documentation: str, label: str | None = None) -> dict:
+    return {"metric": MetricSpec(kind, name, documentation, label)}
+
+
+@dataclass(frozen=True)
 class SchedulerStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0  # fraction of blocks referenced by requests
-    num_steps: int = 0
-    num_preemptions: int = 0
-    num_scheduled_tokens_last_step: int = 0
-    num_scheduled_tokens_total: int = 0
-    num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prefix_cache_evictions: int = 0
-    num_prefix_deferrals: int = 0  # times a waiting request sat out a step: a running one was computing its prefix
+    """One consistent snapshot of a scheduler service (see the module docstring for where each field goes)."""
+
+    num_running: int = field(default=0, metadata=_metric(
+        "gauge", "pagedserve_num_requests_running", "requests holding KV blocks (running or in prefill)"))
+    num_waiting: int = field(default=0, metadata=_metric(
+        "gauge", "pagedserve_num_requests_waiting", "requests queued in the scheduler (new or preempted)"))
+    kv_usage: float = field(default=0.0, metadata=_metric(
+        "gauge", "pagedserve_kv_cache_usage_perc", "fraction of KV blocks referenced by requests, in [0, 1]"))
+    num_kv_blocks: int = field(default=0, metadata=_metric(
+        "gauge", "pagedserve_num_kv_blocks", "size of the KV block pool the worker allocated"))
+    num_steps: int = field(default=0, metadata=_metric("counter", "pagedserve_engine_steps", "engine steps run"))
+    num_preemptions: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_num_preemptions", "requests preempted (blocks taken back, recomputed later)"))
+    num_scheduled_tokens_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_scheduled_tokens", "tokens computed over all steps (prefill chunks and decodes)"))
+    num_prompt_tokens_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_prompt_tokens", "prompt tokens of requests that produced their first token"))
+    num_generation_tokens_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_generation_tokens", "output tokens generated"))
+    num_finished: dict[str, int] = field(default_factory=dict, metadata=_metric(
+        "counter", "pagedserve_request_success", "finished requests by finish reason", label="finished_reason"))
+    prefix_cache_queries: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_prefix_cache_queries", "prompt tokens looked up in the prefix cache"))
+    prefix_cache_hits: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_prefix_cache_hits", "of those, prompt tokens found in the prefix cache"))
+    prefix_cache_evictions: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_prefix_cache_evictions", "cached blocks handed out for new data"))
+    num_prefix_deferrals: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_prefix_deferrals", "steps a waiting request sat out while another computed its prefix"))
+    num_state_writes: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_redis_writes", "Redis state writes done (observability copy, off the hot path)"))
+    num_state_writes_dropped: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_redis_writes_dropped", "Redis state writes dropped (slow, down, or queue full)"))
+    state_store_connected: bool = field(default=False, metadata=_metric(
+        "gauge", "pagedserve_redis_connected", "1 when the last Redis flush succeeded"))
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+STATS_FIELDS = tuple(fields(SchedulerStats))
+SCALAR_FIELDS = tuple(f.name for f in STATS_FIELDS if f.name != "num_finished")
+
+
+def redis_fields(stats: SchedulerStats) -> dict[str, int | float]:
+    """The Redis stats hash: every scalar field by its name, and `num_finished.<reason>` per finish reason."""
+    values = {name: getattr(stats, name) for name in SCALAR_FIELDS}
+    values = {name: int(v) if isinstance(v, bool) else v for name, v in values.items()}
+    return values | {f"num_finished.{reason}": count for reason, count in stats.num_finished.items()}
+
+
+@dataclass
+class SchedulerCounters:
+    """What the Scheduler counts as it goes; never read on the hot path, only snapshotted."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_scheduled_tokens_last_step: int = 0
+    num_scheduled_tokens_total: int = 0
+    num_prompt_tokens_total: int = 0
+    num_generation_tokens_total: int = 0
+    num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    num_prefix_deferrals: int = 0  # times a waiting request sat out a step: a running one was computing its prefix
 
     def record_step(self, num_scheduled_tokens: int, num_preempted: int) -> None:
         self.num_steps += 1
@@ -33,14 +103,25 @@ class SchedulerStats:
         self.num_scheduled_tokens_last_step = num_scheduled_tokens
         self.num_scheduled_tokens_total += num_scheduled_tokens
 
+    def record_token(self, num_prompt_tokens: int, is_first: bool) -> None:
+        """One output token; a request's first also counts its prompt."""
+        self.num_generation_tokens_total += 1
+        if is_first:
+            self.num_prompt_tokens_total += num_prompt_tokens
+
     def record_deferral(self) -> None:
         self.num_prefix_deferrals += 1
 
     def record_finish(self, reason: FinishReason) -> None:
         self.num_finished[reason.value] = self.num_finished.get(reason.value, 0) + 1
 
-    def snapshot(self, num_running: int, num_waiting: int, kv_usage: float,
+    def snapshot(self, num_running: int, num_waiting: int, kv_usage: float, num_kv_blocks: int,
                  prefix: PrefixCacheCounters) -> SchedulerStats:
-        return replace(self, num_running=num_running, num_waiting=num_waiting, kv_usage=kv_usage,
-                       num_finished=dict(self.num_finished), prefix_cache_queries=prefix.num_queries,
-                       prefix_cache_hits=prefix.num_hits, prefix_cache_evictions=prefix.num_evictions)
+        return SchedulerStats(
+            num_running=num_running, num_waiting=num_waiting, kv_usage=kv_usage, num_kv_blocks=num_kv_blocks,
+            num_steps=self.num_steps, num_preemptions=self.num_preemptions,
+            num_scheduled_tokens_total=self.num_scheduled_tokens_total,
+            num_prompt_tokens_total=self.num_prompt_tokens_total,
+            num_generation_tokens_total=self.num_generation_tokens_total, num_finished=dict(self.num_finished),
+            prefix_cache_queries=prefix.num_queries, prefix_cache_hits=prefix.num_hits,
+            prefix_cache_evictions=prefix.num_evictions, num_prefix_deferrals=self.num_prefix_deferrals)

@@ -1,4 +1,8 @@
-"""Runs the scheduler process: gRPC server first (health NOT_SERVING), then the worker, the loop and Redis."""
+"""Runs the scheduler process: gRPC server and /metrics first, then the worker, the loop and Redis.
+
+Health: service "" is liveness (SERVING while the process and its loop run, whatever the worker does); the named
+service pagedserve.v1.SchedulerService is readiness (SERVING once the worker answered, NOT_SERVING when stopping).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,15 @@ import socket
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
+from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.metrics_server import start_metrics_server
 from services.scheduler.redis_state import RedisStateWriter
+from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler_stats import redis_fields
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.service_config import SchedulerServiceConfig
 from services.scheduler.worker_client import WorkerClient
@@ -25,21 +33,22 @@ SERVICE_NAME = "pagedserve.v1.SchedulerService"
 
 
 async def _set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    """Readiness; liveness ("") is SERVING from the start."""
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    for name in ("", SERVICE_NAME):
-        await health_servicer.set(name, status)
+    await health_servicer.set(SERVICE_NAME, status)
 
 
 async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServicer, worker: WorkerClient,
-                        health_servicer: health.aio.HealthServicer, stop: asyncio.Event,
+                        metrics: SchedulerMetrics, health_servicer: health.aio.HealthServicer, stop: asyncio.Event,
                         tasks: list[asyncio.Task]) -> None:
     """Wait for the worker, then start the loop (and the Redis writer) into `tasks` and report SERVING."""
     description = await worker.wait_until_ready()
-    engine = EngineLoop(Scheduler(config.scheduler, description), worker, servicer.state)
+    engine = EngineLoop(Scheduler(config.scheduler, description), worker, servicer.state,
+                        RequestObserver(metrics, description.model_name), config.trace_step_interval)
     tasks.append(asyncio.create_task(_run_engine(engine, stop), name="engine-loop"))
     if config.state.redis_url:
         instance_id = config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
-        writer = RedisStateWriter(config.state, instance_id, lambda: _redis_stats(engine),
+        writer = RedisStateWriter(config.state, instance_id, lambda: redis_fields(servicer.snapshot(engine)),
                                   lambda: engine.scheduler.kv.prefix_index.keys())
         engine.state = servicer.state = writer
         tasks.append(asyncio.create_task(writer.run(), name="redis-writer"))
@@ -68,10 +77,10 @@ async def _run_engine(engine: EngineLoop, stop: asyncio.Event) -> None:
         raise
 
 
-def _redis_stats(engine: EngineLoop) -> dict:
-    scheduler = engine.scheduler
-    return {"kv_usage": scheduler.kv.usage, "num_running": len(scheduler.running),
-            "num_waiting": len(scheduler.waiting), "num_kv_blocks": scheduler.worker.num_kv_blocks}
+def _stats_source(servicer: SchedulerServicer):
+    """(snapshot, model name) for /metrics once the worker described itself, else None."""
+    engine = servicer.engine
+    return None if engine is None else (servicer.snapshot(engine), engine.scheduler.description.model_name)
 
 
 async def serve(config: SchedulerServiceConfig) -> None:
@@ -79,20 +88,32 @@ async def serve(config: SchedulerServiceConfig) -> None:
     servicer = SchedulerServicer()
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
+    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     await _set_serving(health_servicer, False)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{config.scheduler_host}:{config.scheduler_port}"
     bind_grpc_port(server, config.scheduler_host, config.scheduler_port, "the scheduler's gRPC server",
                    "--scheduler-port")
+    metrics = SchedulerMetrics(lambda: _stats_source(servicer))
+    metrics_runner = None
+    if config.metrics_port:
+        try:
+            metrics_runner = await start_metrics_server(config.metrics_host, config.metrics_port, metrics.render)
+        except OSError:
+            if not port_is_free(config.metrics_host, config.metrics_port):
+                raise PortInUseError(config.metrics_host, config.metrics_port, "the scheduler's /metrics",
+                                     "--metrics-port") from None
+            raise
     await server.start()
-    log.info("scheduler gRPC on %s; worker at %s", address, config.worker_address)
+    log.info("scheduler gRPC on %s; worker at %s; /metrics on %s", address, config.worker_address,
+             f"{config.metrics_host}:{config.metrics_port}" if config.metrics_port else "(off)")
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     worker = WorkerClient(config.worker_address, config.worker_step_timeout_s)
     tasks: list[asyncio.Task] = []
-    startup = asyncio.create_task(_start_engine(config, servicer, worker, health_servicer, stop, tasks))
+    startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, health_servicer, stop, tasks))
     startup.add_done_callback(lambda task: task.cancelled() or task.exception() is None or stop.set())
     await stop.wait()
     log.info("stopping (grace %.1fs)", config.grace_period_s)
@@ -103,4 +124,6 @@ async def serve(config: SchedulerServiceConfig) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
     await worker.close()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     log.info("scheduler stopped")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from opentelemetry.trace import SpanKind
 
 from services.grpc_errors import ServiceNotReady, map_errors
 from services.proto_convert.common import description_to_pb
@@ -11,8 +14,8 @@ from services.proto_convert.scheduler_contract import generate_request_from_pb, 
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.redis_state import NullStateWriter, RedisStateWriter
-from services.scheduler.service_stats import ServiceStats
-from shared.tracing import get_tracer, incoming_context, traceparent_of
+from services.scheduler.scheduler_stats import SchedulerStats
+from shared.tracing import gen_ai_request_attributes, get_tracer, incoming_context, record_error, traceparent_of
 
 log = logging.getLogger(__name__)
 
@@ -32,12 +35,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                        ) -> AsyncIterator[scheduler_pb2.GenerateChunk]:
         engine = self._ready()
         generate = generate_request_from_pb(request)
-        span = get_tracer().start_span("scheduler.generate", context=incoming_context(context.invocation_metadata()),
-                                       attributes={"req_id": generate.req_id,
-                                                   "num_prompt_tokens": len(generate.prompt_token_ids)})
+        span = get_tracer().start_span(
+            "scheduler.generate", context=incoming_context(context.invocation_metadata()), kind=SpanKind.SERVER,
+            attributes={"req_id": generate.req_id, "gen_ai.request.model": engine.scheduler.description.model_name,
+                        "gen_ai.usage.input_tokens": len(generate.prompt_token_ids),
+                        **gen_ai_request_attributes(generate.sampling)})
         try:
             queue = engine.add_request(generate, span, traceparent_of(span))
-        except BaseException:  # rejected: nothing to abort (the id may belong to another live request)
+        except BaseException as exc:  # rejected: nothing to abort (the id may belong to another live request)
+            record_error(span, exc)
             span.end()
             raise
         try:
@@ -46,12 +52,15 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                 if isinstance(item, Exception):
                     raise item
                 if item.finished:
-                    span.set_attributes({"finish_reason": item.finish_reason.value,
-                                         "num_cached_tokens": item.num_cached_tokens,
-                                         "num_output_tokens": item.num_output_tokens})
+                    span.set_attributes({"gen_ai.response.finish_reasons": [item.finish_reason.value],
+                                         "gen_ai.usage.output_tokens": item.num_output_tokens,
+                                         "num_cached_tokens": item.num_cached_tokens})
                 yield output_to_chunk(item)
                 if item.finished:
                     return
+        except Exception as exc:
+            record_error(span, exc)
+            raise
         finally:  # also on cancellation: the client went away, free the blocks now
             engine.abort_request(generate.req_id)
             span.end()
@@ -62,16 +71,12 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @map_errors
     async def Describe(self, request, context) -> common_pb2.ModelDescription:  # noqa: N802
-        return description_to_pb(self._ready().scheduler.worker)
+        return description_to_pb(self._ready().scheduler.description)
 
-    def stats(self) -> ServiceStats:
-        engine = self._ready()
-        stats = engine.scheduler.snapshot_stats()
-        return ServiceStats(
-            num_running=stats.num_running, num_waiting=stats.num_waiting, kv_usage=stats.kv_usage,
-            num_steps=stats.num_steps, num_preemptions=stats.num_preemptions,
-            num_scheduled_tokens_total=stats.num_scheduled_tokens_total, num_finished=stats.num_finished,
-            prefix_cache_queries=stats.prefix_cache_queries, prefix_cache_hits=stats.prefix_cache_hits,
-            prefix_cache_evictions=stats.prefix_cache_evictions, num_kv_blocks=engine.scheduler.worker.num_kv_blocks,
-            num_state_writes=self.state.num_writes, num_state_writes_dropped=self.state.num_dropped,
-            state_store_connected=self.state.connected, num_prefix_deferrals=stats.num_prefix_deferrals)
+    def stats(self) -> SchedulerStats:
+        return self.snapshot(self._ready())
+
+    def snapshot(self, engine: EngineLoop) -> SchedulerStats:
+        """The scheduler's snapshot with its Redis writer's counters filled in (also while the worker is lost)."""
+        return replace(engine.scheduler.snapshot_stats(), num_state_writes=self.state.num_writes,
+                       num_state_writes_dropped=self.state.num_dropped, state_store_connected=self.state.connected)

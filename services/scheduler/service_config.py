@@ -17,10 +17,13 @@ class SchedulerServiceConfig:
     state: RedisStateConfig
     scheduler_host: str = "127.0.0.1"  # interface the scheduler's gRPC server binds
     scheduler_port: int = 50051  # the scheduler's gRPC port (the gateway's --scheduler-address points here)
+    metrics_host: str = "127.0.0.1"  # interface of this scheduler's Prometheus /metrics (0.0.0.0 for all)
+    metrics_port: int = 0  # HTTP port of this scheduler's Prometheus /metrics (8001 under `serve`); 0: none
     worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker
     instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
     worker_step_timeout_s: float = 300.0  # a step slower than this counts as a lost worker
     grace_period_s: float = 5.0  # on SIGTERM, how long streams in flight may take to finish
+    trace_step_interval: int = 100  # every Nth engine step gets a trace of its own, linked to its requests; 0: none
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     log_level: LogLevel = "info"  # debug, info, warning, error
 

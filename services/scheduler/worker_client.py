@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
 from services.proto_gen import common_pb2, worker_pb2_grpc
-from shared.step_protocol import StepInput, StepOutput, WorkerDescription
+from shared.step_protocol import ModelDescription, StepInput, StepOutput
 from shared.tracing import outgoing_metadata
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class WorkerClient:
         self.health = health_pb2_grpc.HealthStub(self.channel)
 
     async def wait_until_ready(self, initial_backoff_s: float = 0.1, max_backoff_s: float = 2.0,
-                               log_interval_s: float = 10.0) -> WorkerDescription:
+                               log_interval_s: float = 10.0) -> ModelDescription:
         """Retry with exponential backoff until the worker's health says SERVING; then describe it."""
         backoff_s, start_s, next_log_s = initial_backoff_s, time.monotonic(), time.monotonic() + log_interval_s
         while True:

@@ -13,7 +13,7 @@ from openai import OpenAI
 
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.service_stats import ServiceStats
+from services.scheduler.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, RedisServer, Stack, TraceCollector, port_is_open, start_stack
 
 STARTUP_TIMEOUT_S = 180
@@ -74,7 +74,7 @@ def scheduler_stats(stack: Stack):
     channel = grpc.insecure_channel(f"127.0.0.1:{stack.scheduler_port}")
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
-    def read() -> ServiceStats:
+    def read() -> SchedulerStats:
         return stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5))
 
     yield read

@@ -85,6 +85,10 @@ class CollectedSpan:
     trace_id: str
     name: str
     attributes: dict
+    span_id: str = ""
+    parent_span_id: str = ""  # "" for a root span
+    events: list[tuple[str, dict]] = field(default_factory=list)  # (name, attributes) in time order
+    status_code: int = 0  # OTLP Status.StatusCode: 0 unset, 1 ok, 2 error
 
 
 class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
@@ -104,9 +108,11 @@ class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
                 resource = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        attributes = {kv.key: _value(kv.value) for kv in span.attributes}
-                        self.spans.append(CollectedSpan(resource.get("service.name", ""), span.trace_id.hex(),
-                                                        span.name, attributes))
+                        self.spans.append(CollectedSpan(
+                            resource.get("service.name", ""), span.trace_id.hex(), span.name, _attributes(span),
+                            span.span_id.hex(), span.parent_span_id.hex(),
+                            [(e.name, _attributes(e)) for e in sorted(span.events, key=lambda e: e.time_unix_nano)],
+                            span.status.code))
         return trace_service_pb2.ExportTraceServiceResponse()
 
     def snapshot(self) -> list[CollectedSpan]:
@@ -114,8 +120,14 @@ class TraceCollector(trace_service_pb2_grpc.TraceServiceServicer):
             return list(self.spans)
 
 
+def _attributes(item) -> dict:
+    return {kv.key: _value(kv.value) for kv in item.attributes}
+
+
 def _value(value) -> object:
     kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
     return getattr(value, kind) if kind else None
 
 
@@ -131,11 +143,16 @@ class Stack:
     redis: RedisServer
     collector: TraceCollector
     instance_id: str
+    scheduler_metrics_port: int
     env: dict = field(default_factory=dict)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def scheduler_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.scheduler_metrics_port}/metrics"
 
     def log_tail(self, num_lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
@@ -158,7 +175,7 @@ class Stack:
 
 
 def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollector, env: dict) -> Stack:
-    port, scheduler_port, worker_port = free_port(), free_port(), free_port()
+    port, scheduler_port, worker_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     log_path = tmp_dir / "pagedserve.log"
     instance_id = "itest"
     env = {**env, "PAGEDSERVE_INSTANCE_ID": instance_id, "PAGEDSERVE_REDIS_STATS_INTERVAL_S": "0.05",
@@ -166,7 +183,9 @@ def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollec
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}", "OTEL_BSP_SCHEDULE_DELAY": "200"}
     argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(port),
             "--scheduler-port", str(scheduler_port), "--worker-port", str(worker_port),
-            "--redis-url", redis_server.url, "--kv-cache-memory-bytes", "256MiB"]
+            "--metrics-port", str(metrics_port), "--redis-url", redis_server.url,
+            "--kv-cache-memory-bytes", "256MiB"]
     with open(log_path, "w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    return Stack(process, log_path, port, scheduler_port, worker_port, redis_server, collector, instance_id, env)
+    return Stack(process, log_path, port, scheduler_port, worker_port, redis_server, collector, instance_id,
+                 metrics_port, env)

@@ -31,7 +31,7 @@ def run_bench(stack: Stack, model_name: str, out_dir: Path) -> dict:
             "--random-input-len", "48", "--random-output-len", "12", "--random-range-ratio", "0.5",
             "--max-concurrency", "2", "--ignore-eos", "--metric-percentiles", "50,90,99", "--metrics-interval", "0.1",
             "--save-result", "--result-dir", str(out_dir), "--result-filename", "bench.json", "--label", "itest",
-            "--disable-tqdm"]
+            "--metrics-url", stack.scheduler_metrics_url, "--disable-tqdm"]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode == 0, f"bench exited with {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert "Serving Benchmark Result" in done.stdout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import httpx
+
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY = {"temperature": 0.0}
 
@@ -94,16 +96,20 @@ def test_completions_echo_and_token_prompt(client, model_name, http):
     assert by_text.choices[0].text == "The sky is" + by_ids.choices[0].text
 
 
-def test_models_version_tokenize_detokenize_metrics(http, model_name):
+def test_models_version_tokenize_detokenize_metrics(http, model_name, stack):
     models = http.get("/v1/models").json()
     assert models["data"][0]["id"] == model_name and models["data"][0]["max_model_len"] == 8192
     assert http.get("/version").json()["version"]
     tokens = http.post("/tokenize", json={"prompt": "Paris is lovely"}).json()["tokens"]
     assert http.post("/detokenize", json={"tokens": tokens}).json()["prompt"] == "Paris is lovely"
-    metrics = http.get("/metrics").text
+    http_metrics = http.get("/metrics").text  # the gateway: HTTP figures only
+    assert 'pagedserve_http_requests_total{route="/tokenize",status="200"}' in http_metrics
+    assert "pagedserve_gateway_scheduler_ready 1.0" in http_metrics.splitlines()
+    assert "pagedserve_kv_cache_usage_perc" not in http_metrics
+    engine_metrics = httpx.get(stack.scheduler_metrics_url).text  # the scheduler's own
     for name in ("pagedserve_prefix_cache_hits_total", "pagedserve_prefix_cache_queries_total",
-                 "pagedserve_num_preemptions_total", "pagedserve_kv_cache_usage_ratio",
+                 "pagedserve_num_preemptions_total", "pagedserve_kv_cache_usage_perc",
                  "pagedserve_num_requests_running", "pagedserve_num_requests_waiting",
-                 "pagedserve_request_latency_seconds_count", "pagedserve_time_to_first_token_seconds_count"):
-        assert any(line.startswith(name) for line in metrics.splitlines()), name
-    assert "pagedserve_scheduler_up 1.0" in metrics
+                 "pagedserve_e2e_request_latency_seconds_count", "pagedserve_time_to_first_token_seconds_count"):
+        assert any(line.startswith(name + "{") and f'model_name="{model_name}"' in line
+                   for line in engine_metrics.splitlines()), name

@@ -11,6 +11,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.healthcheck import main
+from shared.default_model import REQUIRED_FILES
 
 
 @pytest.fixture
@@ -58,3 +59,36 @@ def test_http_200_is_healthy() -> None:
         assert main(["http", url]) == 0
     finally:
         server.shutdown()
+
+
+def test_grpc_named_service_is_readiness(grpc_health) -> None:
+    servicer, address = grpc_health
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    servicer.set("pagedserve.v1.WorkerService", health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert main(["grpc", address]) == 0
+    assert main(["grpc", address, "--service", "pagedserve.v1.WorkerService"]) == 1
+    servicer.set("pagedserve.v1.WorkerService", health_pb2.HealthCheckResponse.SERVING)
+    assert main(["grpc", address, "--service", "pagedserve.v1.WorkerService"]) == 0
+
+
+def test_model_folder_is_healthy_once_complete(tmp_path) -> None:
+    folder = tmp_path / "model"
+    assert main(["model", str(folder)]) == 1
+    folder.mkdir()
+    for name in REQUIRED_FILES[:-1]:
+        (folder / name).write_text("{}")
+    assert main(["model", str(folder), "--wait-s", "0.1"]) == 1  # the weights are still missing
+    threading.Timer(0.2, lambda: (folder / REQUIRED_FILES[-1]).write_bytes(b"w")).start()
+    assert main(["model", str(folder), "--wait-s", "30"]) == 0
+
+
+def test_wait_gone_returns_once_the_server_stops(grpc_health) -> None:
+    import time
+
+    _, address = grpc_health
+    start_s = time.monotonic()
+    assert main(["grpc", address, "--wait-gone-s", "0.5"]) == 0  # still answering: waits the whole time
+    assert time.monotonic() - start_s >= 0.5
+    start_s = time.monotonic()
+    assert main(["grpc", "127.0.0.1:1", "--wait-gone-s", "30"]) == 0  # nothing there: at once
+    assert time.monotonic() - start_s < 10

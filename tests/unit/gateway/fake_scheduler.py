@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 
 from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.scheduler.service_stats import ServiceStats
+from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.step_protocol import TokenLogprobs, WorkerDescription
+from shared.step_protocol import ModelDescription, TokenLogprobs
 
 EOS = 2
-DESCRIPTION = WorkerDescription(model_name="tiny-model", architecture="LlamaForCausalLM", max_model_len=256,
+DESCRIPTION = ModelDescription(model_name="tiny-model", architecture="LlamaForCausalLM", max_model_len=256,
                                 vocab_size=49152, num_kv_blocks=64, block_size=16, eos_token_ids=(EOS,),
                                 dtype="float32", device="cpu", attention_backend="torch", kv_cache_bytes=1)
 
@@ -57,11 +57,11 @@ class FakeSchedulerClient:
     async def is_serving(self) -> bool:
         return self.serving
 
-    async def describe(self) -> WorkerDescription:
+    async def describe(self) -> ModelDescription:
         return DESCRIPTION
 
-    async def get_stats(self) -> ServiceStats:
-        return ServiceStats(num_running=1, kv_usage=0.25, prefix_cache_queries=40, prefix_cache_hits=16,
+    async def get_stats(self) -> SchedulerStats:
+        return SchedulerStats(num_running=1, kv_usage=0.25, prefix_cache_queries=40, prefix_cache_hits=16,
                             num_finished={"stop": 3}, num_prefix_deferrals=3)
 
     async def close(self) -> None:

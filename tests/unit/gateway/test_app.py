@@ -188,9 +188,25 @@ def test_tokenize_detokenize_version_metrics(tokenizer):
     assert tokens == {"tokens": tokenizer.encode("Hello world"), "count": 2, "max_model_len": 256}
     assert chat_tokens["count"] == len(tokenizer.chat_prompt_ids(CHAT["messages"]))
     assert text == {"prompt": "Hello world"} and version["version"]
-    for line in ("pagedserve_prefix_cache_hits_total 16.0", "pagedserve_prefix_cache_queries_total 40.0",
-                 "pagedserve_num_preemptions_total 0.0", "pagedserve_kv_cache_usage_ratio 0.25",
-                 "pagedserve_prefix_deferrals_total 3.0",
-                 "pagedserve_num_requests_running 1.0", "pagedserve_num_requests_waiting 0.0",
-                 'pagedserve_request_latency_seconds_count{endpoint="chat"} 1.0'):
+    for line in ('pagedserve_http_requests_total{route="/v1/chat/completions",status="200"} 1.0',
+                 'pagedserve_http_request_duration_seconds_count{route="/v1/chat/completions"} 1.0',
+                 'pagedserve_http_time_to_first_byte_seconds_count{route="/v1/chat/completions"} 1.0',
+                 "pagedserve_http_requests_in_flight 1.0",  # the scrape itself
+                 "pagedserve_gateway_scheduler_ready 1.0"):
         assert line in metrics.splitlines()
+
+
+def test_metrics_hold_no_engine_figures_and_never_ask_the_scheduler(tokenizer):
+    """Engine figures live on each scheduler's own /metrics: two gateways must not report them twice."""
+    with gateway(tokenizer) as (client, fake):
+        client.post("/v1/chat/completions", json=CHAT)
+        fake.get_stats = None  # a scrape that called GetStats would fail
+        metrics = client.get("/metrics").text
+    names = {line.split("{")[0].split(" ")[0] for line in metrics.splitlines() if not line.startswith("#")}
+    assert names and all(name.startswith(("pagedserve_http_", "pagedserve_gateway_")) for name in names), names
+
+
+def test_livez_answers_while_the_scheduler_is_not_ready(tokenizer):
+    with gateway(tokenizer, serving=False, wait_ready=False) as (client, _):
+        assert client.get("/livez").status_code == 200
+        assert client.get("/health").status_code == 503

@@ -20,11 +20,11 @@ from services.proto_convert.worker_contract import (
     step_output_to_pb,
     traceparents_from_pb,
 )
-from services.proto_gen import common_pb2, worker_pb2
-from services.scheduler.service_stats import ServiceStats
+from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
+from services.scheduler.scheduler_stats import STATS_FIELDS, SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
-from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput, TokenLogprobs, WorkerDescription
+from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput, TokenLogprobs
 
 PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
                         presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
@@ -88,11 +88,16 @@ def test_generate_request_and_chunks_round_trip():
 
 
 def test_description_and_stats_round_trip():
-    description = WorkerDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
+    description = ModelDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
                                     268369920)
     assert description_from_pb(description_to_pb(description)) == description
-    stats = ServiceStats(num_running=2, num_waiting=1, kv_usage=0.5, num_steps=9, num_preemptions=1,
-                         num_scheduled_tokens_total=90, num_finished={"stop": 3, "abort": 1}, prefix_cache_queries=64,
-                         prefix_cache_hits=32, prefix_cache_evictions=2, num_kv_blocks=364, num_state_writes=5,
-                         num_state_writes_dropped=4, state_store_connected=True, num_prefix_deferrals=6)
+    values = {f.name: (index % 2 == 0) if f.type == "bool" else (index + 0.5 if f.type == "float" else index + 1)
+              for index, f in enumerate(STATS_FIELDS) if f.name != "num_finished"}
+    stats = SchedulerStats(**values, num_finished={"stop": 3, "abort": 1})
     assert stats_from_pb(stats_to_pb(stats)) == stats
+
+
+def test_stats_message_and_dataclass_have_the_same_fields():
+    """One stats shape: the converter goes by field name, so neither side may grow a field alone."""
+    message_fields = sorted(f.name for f in scheduler_pb2.SchedulerStats.DESCRIPTOR.fields)
+    assert message_fields == sorted(f.name for f in STATS_FIELDS)

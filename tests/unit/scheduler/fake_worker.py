@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 from shared.sampling_params import SamplingParams
-from shared.step_protocol import NewRequest, StepInput, StepOutput, WorkerDescription
+from shared.step_protocol import ModelDescription, NewRequest, StepInput, StepOutput
 
 ROOT_HASH = b"fake-worker-root"
 
@@ -35,8 +35,8 @@ def extend_hash(prefix_hash: bytes, token_id: int) -> bytes:
 
 
 def describe(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, vocab_size: int = 97,
-             eos_token_id: int = 0) -> WorkerDescription:
-    return WorkerDescription(model_name="fake", architecture="FakeForCausalLM", max_model_len=max_model_len,
+             eos_token_id: int = 0) -> ModelDescription:
+    return ModelDescription(model_name="fake", architecture="FakeForCausalLM", max_model_len=max_model_len,
                              vocab_size=vocab_size, num_kv_blocks=num_blocks, block_size=block_size,
                              eos_token_ids=(eos_token_id,), dtype="float32", device="cpu",
                              attention_backend="fake", kv_cache_bytes=num_blocks * block_size)
@@ -70,7 +70,7 @@ class Mirror:
 
 
 class FakeWorker:
-    def __init__(self, description: WorkerDescription, eos_prob: float = 0.0,
+    def __init__(self, description: ModelDescription, eos_prob: float = 0.0,
                  scripts: dict[str, list[int]] | None = None) -> None:
         self.description = description
         self.block_size = description.block_size
@@ -81,7 +81,7 @@ class FakeWorker:
         self.num_steps = 0
         self.steps: list[StepInput] = []  # every step seen, for tests that inspect the protocol
 
-    def describe(self) -> WorkerDescription:
+    def describe(self) -> ModelDescription:
         return self.description
 
     # --- the sampler -------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class FakeWorker:
 
 
 def sample_from_history(prefix_hash: bytes, sampling: SamplingParams, num_output_tokens: int,
-                        description: WorkerDescription, eos_prob: float) -> int:
+                        description: ModelDescription, eos_prob: float) -> int:
     """Greedy and deterministic: a pure function of the token history (and the stop rules, like the sampler)."""
     value = int.from_bytes(hashlib.blake2b(prefix_hash, digest_size=8).digest(), "little")
     eos = description.eos_token_ids[0]

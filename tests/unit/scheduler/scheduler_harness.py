@@ -13,7 +13,7 @@ from services.scheduler.scheduler import Scheduler, SchedulerOutput
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import SamplingParams
-from shared.step_protocol import StepOutput, WorkerDescription
+from shared.step_protocol import ModelDescription, StepOutput
 from tests.unit.scheduler.fake_worker import FakeWorker, describe
 
 
@@ -43,7 +43,7 @@ class Stream:
 
 
 class Harness:
-    def __init__(self, config: SchedulerConfig | None = None, description: WorkerDescription | None = None,
+    def __init__(self, config: SchedulerConfig | None = None, description: ModelDescription | None = None,
                  eos_prob: float = 0.0, scripts: dict[str, list[int]] | None = None) -> None:
         self.description = description or describe()
         self.scheduler = Scheduler(config or SchedulerConfig(), self.description)

@@ -383,16 +383,18 @@ def test_stats_snapshot_counts_everything():
     h.step()  # a: 5 tokens, b: a chunk of 1
     stats = h.scheduler.snapshot_stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (2, 1, pytest.approx(0.3))
-    assert (stats.num_scheduled_tokens_last_step, stats.num_scheduled_tokens_total) == (6, 6)
+    assert (h.scheduler.counters.num_scheduled_tokens_last_step, stats.num_scheduled_tokens_total) == (6, 6)
     h.step()  # a: 1, b: 4 more; b samples EOS
     stats = h.scheduler.snapshot_stats()
     assert (stats.num_running, stats.num_waiting, stats.num_finished) == (1, 1, {"stop": 1})
-    assert (stats.num_scheduled_tokens_last_step, stats.num_scheduled_tokens_total, stats.num_steps) == (5, 11, 2)
+    assert (h.scheduler.counters.num_scheduled_tokens_last_step, stats.num_scheduled_tokens_total,
+            stats.num_steps) == (5, 11, 2)
     assert stats.kv_usage == pytest.approx(0.2)
     h.run()
     stats = h.scheduler.snapshot_stats()
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (0, 0, 0.0)
     assert stats.num_finished == {"stop": 1, "length": 2}
+    assert (stats.num_prompt_tokens_total, stats.num_generation_tokens_total, stats.num_kv_blocks) == (12, 7, 10)
     assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (12, 0)
     assert (stats.num_preemptions, stats.num_prefix_deferrals) == (0, 0)
     h.kv.check_integrity()

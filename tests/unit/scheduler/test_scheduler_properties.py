@@ -183,7 +183,7 @@ class Run:
         # every request admitted took a token of some step, so the running ones never outnumber the budget and
         # all of them get their turn every step (the one continuing prefill, always the newest, takes the rest)
         assert [r.req_id for r in self.s.running if r.req_id not in before.at_limit] == list(num)
-        assert self.s.stats.num_scheduled_tokens_last_step == step.total_num_scheduled_tokens
+        assert self.s.counters.num_scheduled_tokens_last_step == step.total_num_scheduled_tokens
         # decodes first, then continuing prefills, then admissions (which carry everything as NewRequests)
         gaps = before.gaps
         kinds = ["new" if r not in gaps else "decode" if gaps[r] == 1 else "prefill" for r in num]
@@ -202,7 +202,7 @@ class Run:
         """Newest running first, to the front of the waiting queue; no admissions in that step."""
         step, victims = scheduled.step_input, scheduled.preempted_req_ids
         self.num_preemptions += len(victims)
-        assert self.s.stats.num_preemptions == self.num_preemptions
+        assert self.s.counters.num_preemptions == self.num_preemptions
         if not victims:
             return
         assert victims == before.running[::-1][:len(victims)]
@@ -279,8 +279,8 @@ class Run:
         assert self.s.requests == {}
         finished = {req_id: self.h.streams[req_id] for req_id in self.accepted}
         assert all(stream.finish_reason is not None for stream in finished.values())
-        assert sum(self.s.stats.num_finished.values()) == len(self.accepted)
-        assert self.s.stats.num_finished.get("abort", 0) == len(self.aborted)
+        assert sum(self.s.counters.num_finished.values()) == len(self.accepted)
+        assert self.s.counters.num_finished.get("abort", 0) == len(self.aborted)
         for req_id, stream in finished.items():
             if req_id not in self.aborted:
                 check_stop_rules(self.accepted[req_id], stream.token_ids, stream.finish_reason,

@@ -7,10 +7,10 @@ import asyncio
 import grpc
 import grpc.aio
 
-from shared.step_protocol import StepInput, StepOutput, WorkerDescription
+from shared.step_protocol import ModelDescription, StepInput, StepOutput
 
 SAMPLED_TOKEN = 7
-DESCRIPTION = WorkerDescription(model_name="fake", architecture="LlamaForCausalLM", max_model_len=256, vocab_size=100,
+DESCRIPTION = ModelDescription(model_name="fake", architecture="LlamaForCausalLM", max_model_len=256, vocab_size=100,
                                 num_kv_blocks=32, block_size=4, eos_token_ids=(2,), dtype="float32", device="cpu",
                                 attention_backend="torch", kv_cache_bytes=1)
 
@@ -25,7 +25,7 @@ class FakeWorkerClient:
         self.fail_next_step = False
         self.num_describes = 0
 
-    async def wait_until_ready(self) -> WorkerDescription:
+    async def wait_until_ready(self) -> ModelDescription:
         self.num_describes += 1
         return DESCRIPTION
 

@@ -9,7 +9,7 @@ import pytest
 
 from services import launcher
 from services.ports import PortInUseError, free_port
-from services.serve_config import parse_serve_config
+from services.serve_config import child_command, parse_serve_config
 
 MODEL = "models/SmolLM2-135M-Instruct"
 
@@ -85,3 +85,21 @@ def test_free_ports_stay_and_one_port_is_not_given_twice():
     clash = parse_serve_config([MODEL, "--port", str(port), "--scheduler-port", str(port)], environ={})
     with pytest.raises(PortInUseError, match="--scheduler-port"):
         launcher.resolve_ports(clash, print)
+
+
+def test_scheduler_metrics_port_defaults_to_8001_moves_when_taken_and_may_be_turned_off(monkeypatch, listening):
+    config = parse_serve_config([MODEL, "--port", str(free_port())], environ={})
+    taken = listening()
+    monkeypatch.setattr(launcher, "SERVE_METRICS_PORT", taken)  # the default port, held by another process
+    said: list[str] = []
+    moved = launcher.resolve_ports(config, said.append)
+    assert moved.scheduler.metrics_port not in (0, taken) and "--metrics-port" in said[-1]
+    command = child_command(moved, "scheduler")  # the child is told where
+    assert command[command.index("--metrics-port") + 1] == str(moved.scheduler.metrics_port)
+    monkeypatch.setattr(launcher, "SERVE_METRICS_PORT", free_port())
+    assert launcher.resolve_ports(config, said.append).scheduler.metrics_port == launcher.SERVE_METRICS_PORT
+    off = parse_serve_config([MODEL, "--port", str(free_port()), "--metrics-port", "0"], environ={})
+    assert launcher.resolve_ports(off, said.append).scheduler.metrics_port == 0
+    explicit = parse_serve_config([MODEL, "--port", str(free_port()), "--metrics-port", str(taken)], environ={})
+    with pytest.raises(PortInUseError, match="--metrics-port"):
+        launcher.resolve_ports(explicit, said.append)

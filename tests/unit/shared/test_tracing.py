@@ -5,7 +5,14 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.tracing import context_from_traceparent, incoming_context, outgoing_metadata, setup_tracing, traceparent_of
+from shared.tracing import (
+    context_from_traceparent,
+    incoming_context,
+    outgoing_metadata,
+    service_resource,
+    setup_tracing,
+    traceparent_of,
+)
 
 
 def test_no_exporter_configured_means_no_sdk():
@@ -29,3 +36,14 @@ def test_context_round_trips_through_metadata_and_traceparent():
 
 def test_no_span_means_no_metadata():
     assert outgoing_metadata() == [] and traceparent_of(trace.INVALID_SPAN) == ""
+
+
+def test_otel_service_name_and_resource_attributes_win_over_the_default():
+    def name(environ: dict) -> str:
+        return service_resource("pagedserve-gateway", environ).attributes["service.name"]
+
+    assert name({}) == "pagedserve-gateway"
+    assert name({"OTEL_SERVICE_NAME": "gw-eu-1"}) == "gw-eu-1"
+    assert name({"OTEL_RESOURCE_ATTRIBUTES": "service.name=gw-b, deployment.environment=prod"}) == "gw-b"
+    resource = service_resource("x", {"OTEL_SERVICE_NAME": "a", "OTEL_RESOURCE_ATTRIBUTES": "service.name=b,k=v"})
+    assert (resource.attributes["service.name"], resource.attributes["k"]) == ("a", "v")
