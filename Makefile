@@ -5,14 +5,15 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build redis-server gpu-check clean
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build \
+	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,deploy]'
 	touch $(STAMP)
 
 model: $(STAMP)
@@ -35,6 +36,15 @@ redis-server:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	  else echo "redis-server is missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
+
+# The tools the deploy tests run besides the pip extra `deploy`: Prometheus and promtool (Debian's prometheus; the
+# package's own service is not started here). Needs root when they are missing.
+deploy-tools: $(STAMP)
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      prometheus >/dev/null; \
+	  else echo "promtool/prometheus are missing: run 'sudo apt-get install -y prometheus'" >&2; exit 1; fi; }
 
 # `make run`: serve MODEL_DIR in the foreground (gateway on PORT); Ctrl-C stops everything. The scheduler's Redis
 # state copy is optional: an already running Redis on REDIS_PORT is used, else redis-server is started if installed.
@@ -61,7 +71,7 @@ run: model
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
-test: model redis-server check-commits
+test: model redis-server deploy-tools check-commits
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
 

@@ -1,0 +1,648 @@
+"""Checks of the deploy files with the real tools plus our own cross-references. Each check returns a list of
+problems (empty: fine), so that test_deploy.py asserts none on the real files and test_mutations.py asserts that
+each deliberate breakage of a copy is found.
+
+Real tools: `kubectl kustomize` renders each overlay, `kubernetes-validate --strict` validates every rendered
+object, `docker compose config` resolves the compose files, `hadolint` lints the Dockerfile and `promtool check
+config` the Prometheus configuration. Our own checks read the rendered objects: references (ConfigMap, Secret and
+key, PVC, volume, Service selector and port, HPA/PDB target), probes (ports and paths served, liveness that
+depends on nothing else, startup probes), security context, resources, pinned images, drain timing, network
+policies and the commands' flags (parsed by each service's own config)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from services.gateway.config import GatewayConfig
+from services.gpu_worker.service_config import WorkerServiceConfig
+from services.scheduler.service_config import SchedulerServiceConfig
+from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
+from tests.unit.deploy import deploy_tools
+
+OVERLAYS = ("gpu", "cpu")
+IMAGE = "pagedserve"
+SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
+    "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), "pagedserve.v1.WorkerService"),
+    "services.scheduler": (SchedulerServiceConfig, (), "pagedserve.v1.SchedulerService"),
+    "services.gateway": (GatewayConfig, ("model_dir",), None),
+}
+# Agreed in the team's conventions and taken by the services (some helpers land them in parallel).
+AGREED_ENV = {"PAGEDSERVE_DRAIN_TIMEOUT_S", "PAGEDSERVE_INTERNAL_TOKEN"}
+HTTP_LIVENESS, HTTP_READINESS = "/livez", "/health"
+PRESTOP_MARGIN_S = 10  # grace beyond preStop + drain, for the process to exit
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+POD_KINDS = ("Deployment", "StatefulSet", "Job", "DaemonSet")
+
+
+# --- rendering and the real tools ------------------------------------------------------------------------------
+
+def render(root: Path, overlay: str) -> tuple[list[dict], list[str]]:
+    """`kubectl kustomize` of one overlay: (objects, problems)."""
+    done = deploy_tools.run([deploy_tools.kubectl(), "kustomize", str(root / "deploy/k8s/overlays" / overlay)])
+    if done.returncode != 0:
+        return [], [f"{overlay}: kubectl kustomize failed: {done.stderr.strip()[-500:]}"]
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc], []
+
+
+def validate_schemas(root: Path, rendered: dict[str, list[dict]]) -> list[str]:
+    """`kubernetes-validate --strict` on every rendered object (one run over all overlays)."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = [Path(folder) / f"{overlay}.yaml" for overlay in rendered]
+        for path, objects in zip(paths, rendered.values(), strict=True):
+            path.write_text(yaml.safe_dump_all(objects))
+        done = deploy_tools.run([deploy_tools.kubernetes_validate(), "--strict", "--quiet", *map(str, paths)])
+    return [] if done.returncode == 0 else [f"kubernetes-validate: {(done.stdout + done.stderr).strip()[-800:]}"]
+
+
+def hadolint(root: Path) -> list[str]:
+    done = deploy_tools.run([deploy_tools.hadolint(), str(root / "deploy/docker/Dockerfile")])
+    return [] if done.returncode == 0 else [f"hadolint: {done.stdout.strip()}{done.stderr.strip()}"]
+
+
+def promtool_config(root: Path) -> list[str]:
+    config = root / "deploy/prometheus/prometheus.yml"
+    done = deploy_tools.run([deploy_tools.promtool(), "check", "config", str(config)])
+    return [] if done.returncode == 0 else [f"promtool check config: {(done.stdout + done.stderr).strip()}"]
+
+
+COMPOSE_FILES = {"gpu": ("docker-compose.yml",), "cpu": ("docker-compose.yml", "deploy/compose.cpu.yml")}
+
+
+def compose_config(root: Path, variant: str, env: dict[str, str] | None = None) -> tuple[dict, list[str]]:
+    """`docker compose config` (resolved, as JSON) of the GPU or CPU file set."""
+    argv = [deploy_tools.docker_compose()]
+    for name in COMPOSE_FILES[variant]:
+        argv += ["-f", str(root / name)]
+    done = subprocess.run([*argv, "config", "--format", "json"], cwd=root, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")} | (env or {}))
+    if done.returncode != 0:
+        return {}, [f"docker compose config ({variant}): {done.stderr.strip()[-500:]}"]
+    return json.loads(done.stdout), []
+
+
+# --- reading rendered objects ----------------------------------------------------------------------------------
+
+@dataclass
+class Pod:
+    kind: str
+    name: str
+    labels: dict
+    spec: dict  # the pod spec
+
+    def containers(self, init: bool = True) -> list[dict]:
+        return self.spec.get("containers", []) + (self.spec.get("initContainers", []) if init else [])
+
+
+def pods(objects: list[dict]) -> list[Pod]:
+    found = []
+    for obj in objects:
+        if obj["kind"] in POD_KINDS:
+            template = obj["spec"]["template"]
+            found.append(Pod(obj["kind"], obj["metadata"]["name"], template["metadata"].get("labels", {}),
+                             template["spec"]))
+    return found
+
+
+def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {obj["metadata"]["name"]: obj for obj in objects if obj["kind"] == kind}
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    match = selector.get("matchLabels", selector) if selector else {}
+    return bool(match) and all(labels.get(k) == v for k, v in match.items())
+
+
+def container_ports(container: dict) -> dict:
+    """name -> number and number -> number of a container's ports."""
+    ports = {}
+    for port in container.get("ports", []):
+        ports[port["containerPort"]] = port["containerPort"]
+        if "name" in port:
+            ports[port["name"]] = port["containerPort"]
+    return ports
+
+
+def service_module(container: dict) -> str | None:
+    command = container.get("command", [])
+    return command[2] if command[:2] == ["python", "-m"] and len(command) > 2 else None
+
+
+def service_config(command: list[str], env: dict[str, str]):
+    """The config a `python -m services.X ...` command builds with this environment; raises ConfigError."""
+    import argparse
+
+    cls, positional, _ = SERVICES[command[2]]
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_config_arguments(parser, cls, positional)
+    argv = [re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", arg) for arg in command[3:]]
+    try:
+        args = parser.parse_args(argv)
+    except (argparse.ArgumentError, SystemExit) as exc:
+        raise ConfigError(f"{shlex.join(command)}: {exc}") from None
+    return config_from_args(cls, args, env)
+
+
+def literal_env(container: dict, config_maps: dict[str, dict]) -> dict[str, str]:
+    """The environment a container gets from literal values and its ConfigMaps (secrets read as '<secret>')."""
+    env = {}
+    for source in container.get("envFrom", []):
+        ref = source.get("configMapRef")
+        if ref and ref["name"] in config_maps:
+            env.update(config_maps[ref["name"]].get("data", {}))
+    for var in container.get("env", []):
+        env[var["name"]] = var.get("value", "<secret>" if "secretKeyRef" in var.get("valueFrom", {}) else "<field>")
+    return env
+
+
+# --- checks on rendered Kubernetes objects ---------------------------------------------------------------------
+
+def check_references(objects: list[dict]) -> list[str]:
+    """Every ConfigMap, Secret (and key), PVC and volume a pod refers to exists."""
+    problems = []
+    config_maps, secrets = by_kind(objects, "ConfigMap"), by_kind(objects, "Secret")
+    claims = by_kind(objects, "PersistentVolumeClaim")
+    for pod in pods(objects):
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for volume in volumes.values():
+            if "persistentVolumeClaim" in volume and volume["persistentVolumeClaim"]["claimName"] not in claims:
+                problems.append(f"{pod.name}: volume {volume['name']} claims a missing PVC")
+            if "configMap" in volume and volume["configMap"]["name"] not in config_maps:
+                problems.append(f"{pod.name}: volume {volume['name']} refers to a missing ConfigMap")
+        for container in pod.containers():
+            where = f"{pod.name}/{container['name']}"
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] not in volumes:
+                    problems.append(f"{where}: mounts volume {mount['name']}, which the pod does not have")
+            for source in container.get("envFrom", []):
+                if "configMapRef" in source and source["configMapRef"]["name"] not in config_maps:
+                    problems.append(f"{where}: envFrom a missing ConfigMap {source['configMapRef']['name']}")
+                if "secretRef" in source and source["secretRef"]["name"] not in secrets:
+                    problems.append(f"{where}: envFrom a missing Secret {source['secretRef']['name']}")
+            for var in container.get("env", []):
+                ref = var.get("valueFrom", {}).get("secretKeyRef")
+                if ref is not None:
+                    secret = secrets.get(ref["name"])
+                    keys = set(secret.get("data", {})) | set(secret.get("stringData", {})) if secret else set()
+                    if ref["key"] not in keys:
+                        problems.append(f"{where}: {var['name']} reads key {ref['key']} of Secret {ref['name']}, "
+                                        "which does not exist")
+                ref = var.get("valueFrom", {}).get("configMapKeyRef")
+                if ref is not None and ref["key"] not in config_maps.get(ref["name"], {}).get("data", {}):
+                    problems.append(f"{where}: {var['name']} reads a missing ConfigMap key {ref['key']}")
+    return problems
+
+
+def check_services(objects: list[dict]) -> list[str]:
+    """Every Service selects pods, and each of its target ports is a port of one of their containers."""
+    problems = []
+    for name, service in by_kind(objects, "Service").items():
+        selected = [p for p in pods(objects) if selects(service["spec"]["selector"], p.labels)]
+        if not selected:
+            problems.append(f"Service {name} selects no pod")
+            continue
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            if not any(target in container_ports(c) for p in selected for c in p.containers(init=False)):
+                problems.append(f"Service {name} sends port {port['port']} to {target}, which no container serves")
+    for kind in ("HorizontalPodAutoscaler", "PodDisruptionBudget"):
+        for name, obj in by_kind(objects, kind).items():
+            if kind == "HorizontalPodAutoscaler":
+                ref = obj["spec"]["scaleTargetRef"]
+                if ref["name"] not in by_kind(objects, ref["kind"]):
+                    problems.append(f"HPA {name} scales a missing {ref['kind']} {ref['name']}")
+            elif not any(selects(obj["spec"]["selector"], p.labels) for p in pods(objects)):
+                problems.append(f"PDB {name} selects no pod")
+    return problems
+
+
+@functools.cache
+def _http_paths(module: str) -> frozenset[str]:
+    """The paths the gateway's real app serves."""
+    from services.gateway.app import create_app
+    from services.gateway.serving import Serving
+
+    assert module == "services.gateway"
+    serving = Serving(GatewayConfig(model_dir="unused"), tokenizer=None, client=None, generation_defaults={})
+    return frozenset(route.path for route in create_app(serving).routes)
+
+
+def check_probes(objects: list[dict]) -> list[str]:
+    """Probes hit ports and paths the container serves; liveness depends on nothing else (gRPC "" or /livez);
+    readiness is the service's own readiness; every pagedserve service has startup, liveness and readiness."""
+    problems = []
+    for pod in pods(objects):
+        for container in pod.containers(init=False):
+            where, module = f"{pod.name}/{container['name']}", service_module(container)
+            ports = container_ports(container)
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = container.get(kind)
+                if probe is None:
+                    if module in SERVICES:
+                        problems.append(f"{where}: no {kind}")
+                    continue
+                handler = next(k for k in ("grpc", "httpGet", "tcpSocket", "exec") if k in probe)
+                port = probe[handler].get("port") if handler != "exec" else None
+                if handler != "exec" and port not in ports:
+                    problems.append(f"{where}: {kind} probes port {port}, which the container does not serve")
+                if module not in SERVICES:
+                    continue
+                problems += _probe_meaning(where, module, kind, handler, probe[handler])
+    return problems
+
+
+def _probe_meaning(where: str, module: str, kind: str, handler: str, spec: dict) -> list[str]:
+    readiness = SERVICES[module][2]
+    if handler == "grpc":
+        service = spec.get("service", "")
+        wanted = readiness if kind == "readinessProbe" else ""
+        if service != wanted:
+            return [f"{where}: {kind} asks gRPC health for {service!r}; it must ask {wanted!r}"
+                    + (" (liveness must not follow another service)" if kind != "readinessProbe" else "")]
+        return []
+    if handler == "httpGet":
+        path = spec.get("path", "/")
+        if path not in _http_paths(module):
+            return [f"{where}: {kind} GETs {path}, which the gateway does not serve"]
+        wanted = HTTP_READINESS if kind == "readinessProbe" else HTTP_LIVENESS
+        if path != wanted:
+            return [f"{where}: {kind} GETs {path}; it must GET {wanted}"]
+        return []
+    return [f"{where}: {kind} uses {handler}; pagedserve services are probed by gRPC health or HTTP"]
+
+
+def check_security(objects: list[dict], image_user: int | None) -> list[str]:
+    problems = []
+    for pod in pods(objects):
+        context = pod.spec.get("securityContext", {})
+        if context.get("runAsNonRoot") is not True or not context.get("runAsUser"):
+            problems.append(f"{pod.name}: pod must set runAsNonRoot and a numeric non-root runAsUser")
+        if context.get("seccompProfile", {}).get("type") != "RuntimeDefault":
+            problems.append(f"{pod.name}: pod must use the RuntimeDefault seccomp profile")
+        uses_image = any(c["image"].split(":")[0].endswith(IMAGE) for c in pod.containers())
+        if uses_image and image_user is not None and context.get("runAsUser") != image_user:
+            problems.append(f"{pod.name}: runAsUser {context.get('runAsUser')} is not the image's user {image_user}")
+        for container in pod.containers():
+            sc, where = container.get("securityContext", {}), f"{pod.name}/{container['name']}"
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{where}: allowPrivilegeEscalation must be false")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(f"{where}: readOnlyRootFilesystem must be true")
+            if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+                problems.append(f"{where}: capabilities must drop ALL")
+            if sc.get("privileged"):
+                problems.append(f"{where}: privileged")
+    return problems
+
+
+def check_resources(objects: list[dict], overlay: str) -> list[str]:
+    """Requests and limits of CPU and memory everywhere (no BestEffort pod), valid quantities, and the GPU."""
+    problems = []
+    for pod in pods(objects):
+        for container in pod.containers():
+            where, resources = f"{pod.name}/{container['name']}", container.get("resources", {})
+            for part in ("requests", "limits"):
+                for resource in ("cpu", "memory"):
+                    if resource not in resources.get(part, {}):
+                        problems.append(f"{where}: no {resource} in resources.{part}")
+            for part in ("requests", "limits"):
+                for resource, value in resources.get(part, {}).items():
+                    if not _QUANTITY.match(str(value)):
+                        problems.append(f"{where}: resources.{part}.{resource} {value!r} is not a quantity")
+            gpus = resources.get("limits", {}).get("nvidia.com/gpu")
+            if service_module(container) == "services.gpu_worker" and overlay == "gpu" and not gpus:
+                problems.append(f"{where}: the gpu overlay's worker reserves no nvidia.com/gpu")
+    for name, claim in by_kind(objects, "PersistentVolumeClaim").items():
+        size = claim["spec"].get("resources", {}).get("requests", {}).get("storage", "")
+        if not _QUANTITY.match(str(size)):
+            problems.append(f"PVC {name}: storage {size!r} is not a quantity")
+    return problems
+
+
+def check_images(objects: list[dict]) -> list[str]:
+    problems = []
+    for pod in pods(objects):
+        for container in pod.containers():
+            image = container["image"]
+            tag = image.rsplit(":", 1)[1] if ":" in image.split("/")[-1] else ""
+            if "@sha256:" not in image and (not tag or tag == "latest"):
+                problems.append(f"{pod.name}/{container['name']}: image {image} is not pinned to a version")
+    return problems
+
+
+def _seconds(command: list[str]) -> float:
+    """How long a preStop command may take: `sleep N`, or the healthcheck's --wait-gone-s N."""
+    if command[:1] == ["sleep"]:
+        return float(command[1])
+    if "--wait-gone-s" in command:
+        return float(command[command.index("--wait-gone-s") + 1])
+    return 0.0
+
+
+def check_draining(objects: list[dict]) -> list[str]:
+    """terminationGracePeriodSeconds covers each container's preStop plus its drain; the worker outlives the
+    scheduler's preStop and drain."""
+    problems = []
+    config_maps = by_kind(objects, "ConfigMap")
+    for pod in pods(objects):
+        grace = pod.spec.get("terminationGracePeriodSeconds", 30)
+        needed, drains = {}, {}
+        for container in pod.containers(init=False):
+            pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
+            drain = float(literal_env(container, config_maps).get("PAGEDSERVE_DRAIN_TIMEOUT_S", 0))
+            module = service_module(container)
+            if module in ("services.gateway", "services.scheduler") and (not drain or not pre_stop):
+                problems.append(f"{pod.name}/{container['name']}: needs PAGEDSERVE_DRAIN_TIMEOUT_S and a preStop")
+            drains[module] = _seconds(pre_stop) + drain
+            needed[container["name"]] = drains[module] + PRESTOP_MARGIN_S
+        for name, seconds in needed.items():
+            if grace < seconds:
+                problems.append(f"{pod.name}: terminationGracePeriodSeconds {grace} < {seconds:.0f} that {name} "
+                                "needs to drain")
+        if "services.gpu_worker" in drains and "services.scheduler" in drains:
+            if drains["services.gpu_worker"] < drains["services.scheduler"]:
+                problems.append(f"{pod.name}: the worker's preStop ends before its scheduler has drained")
+    return problems
+
+
+def check_commands(objects: list[dict]) -> list[str]:
+    """Every service command parses with its own flags and environment, and its addresses point at what serves
+    them: gateway -> a Service on the scheduler's port; scheduler -> its worker on localhost in the same pod;
+    Redis and the OTLP endpoint -> Services; one model folder for the model Job, engines and gateways."""
+    problems, configs = [], {}
+    config_maps, services = by_kind(objects, "ConfigMap"), by_kind(objects, "Service")
+    service_ports = {name: {p["port"] for p in s["spec"]["ports"]} for name, s in services.items()}
+    model_dirs = set()
+    for pod in pods(objects):
+        for container in pod.containers():
+            module, where = service_module(container), f"{pod.name}/{container['name']}"
+            env = literal_env(container, config_maps)
+            if module == "shared.default_model":
+                model_dirs.add(container["command"][-1])
+            if module == "services.healthcheck" and container["command"][3] == "model":
+                model_dirs.add(container["command"][4])
+            if module not in SERVICES:
+                continue
+            known = {env_name(f) for f in _field_names(SERVICES[module][0])} | AGREED_ENV
+            for var in env:
+                if var.startswith("PAGEDSERVE_") and var not in known:
+                    problems.append(f"{where}: {var} is not a setting of {module}")
+            try:
+                configs[pod.name, module] = config = service_config(container["command"], env)
+            except (ConfigError, ValueError) as exc:
+                problems.append(f"{where}: {exc}")
+                continue
+            if hasattr(config, "model_dir"):
+                model_dirs.add(config.model_dir)
+            if hasattr(config, "worker"):
+                model_dirs.add(config.worker.model_dir)
+            problems += _endpoint_problems(where, env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""), service_ports)
+    for (pod_name, module), config in configs.items():
+        where = f"{pod_name}/{module}"
+        if module == "services.scheduler":
+            worker = configs.get((pod_name, "services.gpu_worker"))
+            if worker is None or config.worker_address != f"127.0.0.1:{worker.worker_port}":
+                problems.append(f"{where}: --worker-address {config.worker_address} is not its pod's worker")
+            problems += _endpoint_problems(where, config.state.redis_url, service_ports)
+        if module == "services.gateway":
+            host, port = config.scheduler_address.rsplit(":", 1)
+            schedulers = [c for (_, m), c in configs.items() if m == "services.scheduler"]
+            if int(port) not in service_ports.get(host, set()) or not any(
+                    s.scheduler_port == int(port) for s in schedulers):
+                problems.append(f"{where}: --scheduler-address {config.scheduler_address} reaches no scheduler")
+    if len(model_dirs) > 1:
+        problems.append(f"the model Job, init containers and services disagree on the model folder: {model_dirs}")
+    return problems
+
+
+def _field_names(cls) -> Iterator[str]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _field_names(hints[f.name])
+        else:
+            yield f.name
+
+
+def _endpoint_problems(where: str, url: str, service_ports: dict[str, set[int]]) -> list[str]:
+    match = re.match(r"^\w+://([^/:]+):(\d+)", url)
+    if not url:
+        return []
+    if match is None or int(match.group(2)) not in service_ports.get(match.group(1), set()):
+        return [f"{where}: {url} is not a Service port of these manifests"]
+    return []
+
+
+def check_network_policies(objects: list[dict]) -> list[str]:
+    """Ingress is denied by default; only gateways reach the schedulers' gRPC; nothing reaches a worker's port
+    from outside its pod; only engines reach Redis."""
+    problems = []
+    policies = list(by_kind(objects, "NetworkPolicy").values())
+    if not any(p["spec"]["podSelector"] == {} and "Ingress" in p["spec"].get("policyTypes", []) and
+               not p["spec"].get("ingress") for p in policies):
+        problems.append("no default-deny ingress NetworkPolicy")
+    pod_list = pods(objects)
+
+    def component(pod: Pod) -> str:
+        return pod.labels.get("app.kubernetes.io/component", pod.name)
+
+    def allowed(target: Pod, port: int) -> set[str]:
+        """Components allowed to reach `port` of `target` ('*' for anyone)."""
+        sources: set[str] = set()
+        for policy in policies:
+            if not selects(policy["spec"]["podSelector"], target.labels):
+                continue
+            for rule in policy["spec"].get("ingress", []):
+                rule_ports = {p.get("port") for p in rule.get("ports", [])}
+                if rule_ports and port not in rule_ports:
+                    continue
+                if not rule.get("from"):
+                    sources.add("*")
+                for peer in rule.get("from", []):
+                    if "namespaceSelector" in peer or "ipBlock" in peer:
+                        sources.add("other-namespace")
+                    else:
+                        sources |= {component(p) for p in pod_list if selects(peer["podSelector"], p.labels)}
+        return sources
+
+    for pod in pod_list:
+        for container in pod.containers(init=False):
+            module = service_module(container)
+            for port in {p["containerPort"] for p in container.get("ports", [])}:
+                sources = allowed(pod, port)
+                if module == "services.scheduler" and port == 50051 and sources != {"gateway"}:
+                    problems.append(f"{pod.name}: scheduler gRPC reachable from {sorted(sources)}, not gateways only")
+                if module == "services.gpu_worker" and sources:
+                    problems.append(f"{pod.name}: worker port {port} reachable from {sorted(sources)}")
+                if component(pod) == "redis" and sources != {"engine"}:
+                    problems.append(f"{pod.name}: Redis reachable from {sorted(sources)}, not engines only")
+                if module == "services.gateway" and port == 8000 and "*" not in sources:
+                    problems.append(f"{pod.name}: clients cannot reach the gateway")
+    return problems
+
+
+def dockerfile_user(root: Path) -> tuple[int | None, list[str]]:
+    """The image's final USER: it must be numeric and not root (runAsNonRoot can only check a number)."""
+    users = [line.split()[1] for line in (root / "deploy/docker/Dockerfile").read_text().splitlines()
+             if line.startswith("USER ")]
+    if not users:
+        return None, ["Dockerfile: no USER (the image runs as root)"]
+    uid = users[-1].split(":")[0]
+    if not uid.isdigit() or int(uid) == 0:
+        return None, [f"Dockerfile: USER {users[-1]} must be a numeric non-root uid"]
+    return int(uid), []
+
+
+# --- compose and monitoring ------------------------------------------------------------------------------------
+
+def check_compose(config: dict, variant: str) -> list[str]:
+    problems = []
+    services = config.get("services", {})
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            if port.get("host_ip") != "127.0.0.1":
+                problems.append(f"compose {name}: port {port.get('published')} published on "
+                                f"{port.get('host_ip') or 'every interface'}, not 127.0.0.1")
+        image = service.get("image", "")
+        if image and (":" not in image or image.endswith(":latest")):
+            problems.append(f"compose {name}: image {image} is not pinned")
+    commands = {}
+    for name in ("gpu-worker", "scheduler", "gateway"):
+        service = services.get(name)
+        if service is None:
+            problems.append(f"compose: no {name} service")
+            continue
+        env = {k: v for k, v in (service.get("environment") or {}).items() if v is not None}
+        try:
+            commands[name] = service_config(service["command"], env)
+        except (ConfigError, ValueError) as exc:
+            problems.append(f"compose {name}: {exc}")
+        if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") != "http://jaeger:4317":
+            problems.append(f"compose {name}: traces do not go to jaeger:4317")
+        if service.get("user") != "10001:10001" or not service.get("read_only"):
+            problems.append(f"compose {name}: must run as 10001:10001 on a read-only root filesystem")
+    if len(commands) == 3:
+        worker, scheduler, gateway = commands["gpu-worker"], commands["scheduler"], commands["gateway"]
+        if scheduler.worker_address != f"gpu-worker:{worker.worker_port}":
+            problems.append(f"compose scheduler: --worker-address {scheduler.worker_address} is not the worker")
+        if gateway.scheduler_address != f"scheduler:{scheduler.scheduler_port}":
+            problems.append(f"compose gateway: --scheduler-address {gateway.scheduler_address} is not the scheduler")
+        for name, port, service_name in (("gpu-worker", worker.worker_port, SERVICES["services.gpu_worker"][2]),
+                                         ("scheduler", scheduler.scheduler_port,
+                                          SERVICES["services.scheduler"][2])):
+            test = services[name].get("healthcheck", {}).get("test", [])
+            if test[-4:] != ["grpc", f"127.0.0.1:{port}", "--service", service_name]:
+                problems.append(f"compose {name}: the health check must ask its readiness on its own port")
+        if services["gateway"].get("healthcheck", {}).get("test", [])[-1:] != [
+                f"http://127.0.0.1:{gateway.port}{HTTP_READINESS}"]:
+            problems.append("compose gateway: the health check must GET its /health")
+        devices = str(services["gpu-worker"].get("deploy", {}))
+        if variant == "gpu" and "'gpu'" not in devices:
+            problems.append("compose gpu-worker: no GPU reservation")
+        if variant == "cpu" and "gpu" in devices:
+            problems.append("compose (cpu) gpu-worker: still reserves a GPU")
+        for name in ("scheduler", "gateway"):
+            grace = _duration_s(services[name].get("stop_grace_period", "10s"))
+            drain = float((services[name].get("environment") or {}).get("PAGEDSERVE_DRAIN_TIMEOUT_S") or 0)
+            if not drain or grace < drain + 5:
+                problems.append(f"compose {name}: stop_grace_period {grace:.0f}s does not cover its drain {drain}s")
+        problems += _prometheus_targets(config, scheduler.metrics_port, gateway.port)
+    return problems
+
+
+def _duration_s(text) -> float:
+    if isinstance(text, int | float):  # compose normalises to nanoseconds in JSON
+        return text / 1e9
+    match = re.match(r"^(?:(\d+)m)?(?:(\d+)s)?$", str(text))
+    return 60 * int(match.group(1) or 0) + int(match.group(2) or 0) if match else 0.0
+
+
+def _prometheus_targets(compose: dict, scheduler_metrics_port: int, gateway_port: int) -> list[str]:
+    """The compose Prometheus scrapes the scheduler's /metrics port and the gateway's."""
+    mounts = compose["services"].get("prometheus", {}).get("volumes", [])
+    source = next((m["source"] for m in mounts if m.get("target") == "/etc/prometheus/prometheus.yml"), None)
+    if source is None:
+        return ["compose prometheus: no prometheus.yml mounted"]
+    targets = {t for job in yaml.safe_load(Path(source).read_text()).get("scrape_configs", [])
+               for static in job.get("static_configs", []) for t in static.get("targets", [])}
+    wanted = {f"scheduler:{scheduler_metrics_port}", f"gateway:{gateway_port}"}
+    return [] if wanted <= targets else [f"prometheus.yml scrapes {sorted(targets)}, not {sorted(wanted)}"]
+
+
+@functools.cache
+def metric_names() -> frozenset[str]:
+    """Every metric name the services expose (as Prometheus sees them: counters with _total, histograms' series)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from services.gateway.metrics import GatewayMetrics
+    from services.scheduler.metrics import SchedulerMetrics
+    from services.scheduler.scheduler_stats import STATS_FIELDS
+
+    names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
+             for f in STATS_FIELDS}
+    for metrics in (GatewayMetrics(), SchedulerMetrics(lambda: None)):
+        for value in vars(metrics).values():
+            if isinstance(value, MetricWrapperBase):
+                base = value._name
+                kind = value._type
+                names |= ({f"{base}_bucket", f"{base}_count", f"{base}_sum"} if kind == "histogram"
+                          else {f"{base}_total"} if kind == "counter" else {base})
+    return frozenset(names)
+
+
+def dashboard_queries(root: Path) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of the pagedserve dashboard."""
+    dashboard = json.loads((root / "deploy/grafana/dashboards/pagedserve.json").read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def check_dashboard(root: Path) -> list[str]:
+    problems, known = [], metric_names()
+    for title, expr in dashboard_queries(root):
+        for name in re.findall(r"\b(pagedserve_[a-z0-9_]+)", expr):
+            if name not in known:
+                problems.append(f"dashboard panel {title!r} reads {name}, which no service exposes")
+    datasource = yaml.safe_load((root / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    uids = {d["uid"] for d in datasource["datasources"]}
+    dashboard = json.loads((root / "deploy/grafana/dashboards/pagedserve.json").read_text())
+    for panel in dashboard["panels"]:
+        if panel["datasource"]["uid"] not in uids:
+            problems.append(f"dashboard panel {panel['title']!r} uses a datasource Grafana is not given")
+    return problems
+
+
+# --- everything ------------------------------------------------------------------------------------------------
+
+def all_problems(root: Path) -> list[str]:
+    """Every check on the deploy files under `root` (a repository checkout or a copy of its deploy files)."""
+    problems: list[str] = []
+    rendered = {}
+    for overlay in OVERLAYS:
+        rendered[overlay], found = render(root, overlay)
+        problems += found
+    problems += validate_schemas(root, rendered)
+    image_user, found = dockerfile_user(root)
+    problems += found + hadolint(root) + promtool_config(root) + check_dashboard(root)
+    for overlay, objects in rendered.items():
+        for check in (check_references, check_services, check_probes, check_images, check_draining, check_commands,
+                      check_network_policies):
+            problems += [f"[{overlay}] {p}" for p in check(objects)]
+        problems += [f"[{overlay}] {p}" for p in check_security(objects, image_user)]
+        problems += [f"[{overlay}] {p}" for p in check_resources(objects, overlay)]
+    for variant in COMPOSE_FILES:
+        config, found = compose_config(root, variant)
+        problems += found + (check_compose(config, variant) if config else [])
+    return problems

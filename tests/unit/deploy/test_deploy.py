@@ -1,0 +1,82 @@
+"""The deploy files pass the real tools (kustomize, kubernetes-validate --strict, docker compose config, hadolint,
+promtool) and our cross-reference checks; each area is its own test so that a failure names what broke."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.unit.deploy import deploy_checks as checks
+from tests.unit.deploy.deploy_copy import copy_deploy_files
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    return copy_deploy_files(tmp_path_factory.mktemp("deploy"))
+
+
+@pytest.fixture(scope="module")
+def rendered(root) -> dict[str, list[dict]]:
+    objects = {}
+    for overlay in checks.OVERLAYS:
+        objects[overlay], problems = checks.render(root, overlay)
+        assert problems == []
+    return objects
+
+
+def test_every_rendered_object_passes_strict_schema_validation(root, rendered):
+    assert checks.validate_schemas(root, rendered) == []
+    kinds = {obj["kind"] for obj in rendered["gpu"]}
+    assert {"StatefulSet", "Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudget",
+            "HorizontalPodAutoscaler", "Secret", "ConfigMap", "PersistentVolumeClaim"} <= kinds
+
+
+@pytest.mark.parametrize("check", [checks.check_references, checks.check_services, checks.check_probes,
+                                   checks.check_images, checks.check_draining, checks.check_commands,
+                                   checks.check_network_policies], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("overlay", checks.OVERLAYS)
+def test_rendered_manifests(rendered, check, overlay):
+    assert check(rendered[overlay]) == []
+
+
+@pytest.mark.parametrize("overlay", checks.OVERLAYS)
+def test_security_and_resources(root, rendered, overlay):
+    image_user, problems = checks.dockerfile_user(root)
+    assert problems == [] and image_user == 10001
+    assert checks.check_security(rendered[overlay], image_user) == []
+    assert checks.check_resources(rendered[overlay], overlay) == []
+
+
+def test_engine_replica_is_one_pod_with_scheduler_and_worker(rendered):
+    (engine,) = [p for p in checks.pods(rendered["gpu"]) if p.name == "engine"]
+    containers = {checks.service_module(c): c for c in engine.containers(init=False)}
+    assert set(containers) == {"services.scheduler", "services.gpu_worker"}
+    worker = containers["services.gpu_worker"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+    (cpu_engine,) = [p for p in checks.pods(rendered["cpu"]) if p.name == "engine"]
+    assert "nvidia.com/gpu" not in str(cpu_engine.spec)
+
+
+def test_dockerfile_passes_hadolint(root):
+    assert checks.hadolint(root) == []
+
+
+def test_prometheus_config_passes_promtool_and_dashboard_reads_real_metrics(root):
+    assert checks.promtool_config(root) == []
+    assert checks.check_dashboard(root) == []
+    assert len(checks.dashboard_queries(root)) >= 12
+
+
+@pytest.mark.parametrize("variant", list(checks.COMPOSE_FILES))
+def test_compose_config_resolves_and_connects(root, variant):
+    config, problems = checks.compose_config(root, variant)
+    assert problems == []
+    assert checks.check_compose(config, variant) == []
+    assert {"prometheus", "grafana", "jaeger", "redis", "model", "gpu-worker", "scheduler", "gateway"} <= \
+        set(config["services"])
+
+
+def test_compose_publishes_on_every_interface_only_when_asked(root):
+    config, _ = checks.compose_config(root, "gpu", env={"PAGEDSERVE_BIND_ADDRESS": "0.0.0.0"})
+    assert {p["host_ip"] for p in config["services"]["gateway"]["ports"]} == {"0.0.0.0"}

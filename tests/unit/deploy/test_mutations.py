@@ -1,0 +1,90 @@
+"""Deliberate breakages of the deploy files, each applied to a fresh copy: the full check (the real tools and our
+cross-references, as test_deploy.py runs them) must report each one, with a message naming what broke."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from tests.unit.deploy import deploy_checks as checks
+from tests.unit.deploy.deploy_copy import copy_deploy_files
+
+K8S = "deploy/k8s/base/"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    path: str
+    old: str
+    new: str
+    expected: str  # a piece of the problem the checks must report
+
+
+MUTATIONS = [
+    Mutation("probe on a port the container does not serve", K8S + "gateway.yaml",
+             "httpGet: {path: /health, port: http}", "httpGet: {path: /health, port: 8080}", "probes port 8080"),
+    Mutation("probe on a path the gateway does not serve", K8S + "gateway.yaml",
+             "httpGet: {path: /health, port: http}", "httpGet: {path: /healthz, port: http}", "does not serve"),
+    Mutation("dangling ConfigMap reference", K8S + "gateway.yaml",
+             "configMapRef: {name: pagedserve-env}", "configMapRef: {name: pagedserve-config}", "missing ConfigMap"),
+    Mutation("GPU reservation emptied", "deploy/k8s/overlays/gpu/kustomization.yaml",
+             'limits: {cpu: "8", memory: 32Gi, nvidia.com/gpu: 1}', 'limits: {cpu: "8", memory: 32Gi}',
+             "reserves no nvidia.com/gpu"),
+    Mutation("USER removed from the Dockerfile", "deploy/docker/Dockerfile", "USER 10001:10001\n", "", "no USER"),
+    Mutation("bad storage size", K8S + "models.yaml", "storage: 5Gi", "storage: 5GB", "is not a quantity"),
+    Mutation("scheduler liveness follows its worker's readiness", K8S + "engine.yaml",
+             "livenessProbe:\n            grpc: {port: 50051}",
+             "livenessProbe:\n            grpc: {port: 50051, service: pagedserve.v1.SchedulerService}",
+             "liveness must not follow"),
+    Mutation("worker without a startup probe", K8S + "engine.yaml",
+             "          startupProbe:  # liveness waits for the process to serve gRPC (it binds before loading the "
+             "model)\n            grpc: {port: 50061}\n            periodSeconds: 2\n"
+             "            failureThreshold: 60\n",
+             "", "no startupProbe"),
+    Mutation("latest image tag", "deploy/k8s/overlays/gpu/kustomization.yaml", "newTag: 0.1.0", "newTag: latest",
+             "is not pinned"),
+    Mutation("pod may run as root", K8S + "engine.yaml", "runAsNonRoot: true", "runAsNonRoot: false",
+             "runAsNonRoot"),
+    Mutation("writable root filesystem", K8S + "gateway.yaml", "readOnlyRootFilesystem: true",
+             "readOnlyRootFilesystem: false", "readOnlyRootFilesystem must be true"),
+    Mutation("BestEffort gateway (no requests)", K8S + "gateway.yaml", "requests: {cpu: 500m, memory: 1Gi}\n", "",
+             "no cpu in resources.requests"),
+    Mutation("network policy opens the worker to gateways", K8S + "network-policies.yaml",
+             "      ports:\n        - port: 50051", "      ports:\n        - port: 50061", "worker port 50061"),
+    Mutation("grace period shorter than the drain", K8S + "engine.yaml", "terminationGracePeriodSeconds: 90",
+             "terminationGracePeriodSeconds: 30", "terminationGracePeriodSeconds 30"),
+    Mutation("secret key that does not exist", K8S + "gateway.yaml", "key: api-key", "key: apikey",
+             "which does not exist"),
+    Mutation("Service sends traffic to a port nobody serves", K8S + "gateway.yaml",
+             "port: 8000\n      targetPort: http", "port: 8000\n      targetPort: 8080", "which no container serves"),
+    Mutation("compose publishes the API on every interface", "docker-compose.yml",
+             '"${PAGEDSERVE_BIND_ADDRESS:-127.0.0.1}:8000:8000"', '"8000:8000"', "not 127.0.0.1"),
+    Mutation("Prometheus scrapes the wrong scheduler port", "deploy/prometheus/prometheus.yml", "scheduler:8001",
+             "scheduler:8000", "prometheus.yml scrapes"),
+    Mutation("dashboard reads a metric nobody exposes", "deploy/grafana/dashboards/pagedserve.json",
+             "pagedserve_kv_cache_usage_perc", "pagedserve_kv_cache_usage_ratio", "no service exposes"),
+    Mutation("traces sent to a collector the manifests do not ship", K8S + "config.yaml",
+             "http://otel-collector:4317", "http://otel:4317", "is not a Service port"),
+    Mutation("misspelled field (schema)", K8S + "redis.yaml", "livenessProbe:", "livenesProbe:", "kubernetes-validate"),
+    Mutation("scheduler pointed at another worker port", K8S + "engine.yaml", '"127.0.0.1:50061"',
+             '"127.0.0.1:50062"', "is not its pod's worker"),
+    Mutation("Dockerfile on an unpinned base image", "deploy/docker/Dockerfile", "FROM python:3.11.11-slim-bookworm",
+             "FROM python:latest", "hadolint"),
+]
+
+
+def test_the_issue_asks_for_at_least_fifteen_distinct_breakages():
+    assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) >= 15
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
+def test_the_checks_catch_the_breakage(mutation: Mutation, tmp_path):
+    root = copy_deploy_files(tmp_path)
+    path = root / mutation.path
+    text = path.read_text()
+    assert mutation.old in text, f"the mutation no longer applies to {mutation.path}"
+    path.write_text(text.replace(mutation.old, mutation.new, 1))
+    problems = checks.all_problems(root)
+    assert any(mutation.expected in problem for problem in problems), problems
