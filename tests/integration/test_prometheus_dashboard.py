@@ -1,0 +1,92 @@
+"""A real Prometheus (Debian's) scrapes the running stack with the shipped prometheus.yml (targets pointed at this
+machine's ports) and evaluates every query of the shipped Grafana dashboard through its HTTP API: each must return
+data. `promtool check metrics` lints a real scrape of the scheduler and of the gateway."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.processes import REPO, free_port, wait_for
+from tests.unit.deploy import deploy_checks, deploy_tools
+
+SCRAPE_INTERVAL_S = 1
+RATE_WINDOW = "30s"  # stands in for Grafana's $__rate_interval
+
+
+def _config(stack, path: Path) -> Path:
+    """The shipped prometheus.yml with compose's service names replaced by this stack's ports."""
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    config["global"]["scrape_interval"] = f"{SCRAPE_INTERVAL_S}s"
+    local = {"scheduler:8001": f"127.0.0.1:{stack.scheduler_metrics_port}", "gateway:8000": f"127.0.0.1:{stack.port}"}
+    for job in config["scrape_configs"]:
+        for static in job["static_configs"]:
+            assert set(static["targets"]) <= set(local), static["targets"]
+            static["targets"] = [local[t] for t in static["targets"]]
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def prometheus(stack, tmp_path):
+    port = free_port()
+    argv = [deploy_tools.prometheus(), f"--config.file={_config(stack, tmp_path / 'prometheus.yml')}",
+            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"]
+    with open(tmp_path / "prometheus.log", "w") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _ready(url), 60, interval_s=0.5, what="Prometheus ready")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(url + "/-/ready", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def query(url: str, promql: str) -> list[dict]:
+    reply = httpx.get(url + "/api/v1/query", params={"query": promql}, timeout=10).json()
+    assert reply["status"] == "success", (promql, reply)
+    return reply["data"]["result"]
+
+
+def _finite(result: list[dict]) -> list[float]:
+    return [float(r["value"][1]) for r in result if not math.isnan(float(r["value"][1]))]
+
+
+def test_every_dashboard_panel_returns_data_from_a_real_prometheus(prometheus, stack, http, model_name):
+    for i in range(6):  # traffic of all kinds the panels show: streamed and whole, several tokens each
+        body = {"model": model_name, "prompt": f"Request {i}: once upon a time", "max_tokens": 6,
+                "stream": i % 2 == 0}
+        assert http.post("/v1/completions", json=body).status_code == 200
+    # two scrapes of both targets after the traffic, so rates over the window see it
+    after_s = time.time()
+    wait_for(lambda: all(float(r["value"][0]) > after_s + 2 * SCRAPE_INTERVAL_S
+                         for r in query(prometheus, "timestamp(up)")) and len(query(prometheus, "up == 1")) == 2,
+             60, interval_s=0.5, what="two scrapes of both targets after the traffic")
+    queries = deploy_checks.dashboard_queries(REPO)
+    assert len(queries) >= 12
+    for title, expr in queries:
+        promql = expr.replace("$__rate_interval", RATE_WINDOW).replace("$model_name", model_name)
+        result = query(prometheus, promql)
+        assert result and _finite(result), f"panel {title!r}: {promql} returned {result}"
+
+
+def test_promtool_accepts_real_scrapes(stack, http):
+    http.get("/v1/models")
+    for url in (stack.scheduler_metrics_url, stack.base_url + "/metrics"):
+        scrape = httpx.get(url, timeout=10).text
+        done = deploy_tools.run([deploy_tools.promtool(), "check", "metrics"], stdin=scrape)
+        assert done.returncode == 0, f"{url}: {done.stdout}{done.stderr}"
