@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from services.gateway.errors import OpenAIError
@@ -15,6 +14,7 @@ from services.gateway.protocol import ChatCompletionRequest, ChatTemplateFields
 from services.gateway.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.serving import Serving
 from services.gateway.streaming import (
+    StallGuardedStream,
     collect_until_disconnect,
     first_delta_or_error,
     run_choices,
@@ -69,8 +69,7 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id),
                                             serving.admission)
         events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
-                                 background=BackgroundTask(stream.close))
+        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s)
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
     choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
                 "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None,

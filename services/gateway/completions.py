@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
 from services.gateway.errors import OpenAIError
@@ -15,6 +14,7 @@ from services.gateway.protocol import CompletionRequest
 from services.gateway.sampling import RequestShape, check_token_ids
 from services.gateway.serving import Serving
 from services.gateway.streaming import (
+    StallGuardedStream,
     collect_until_disconnect,
     first_delta_or_error,
     run_choices,
@@ -72,8 +72,7 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id),
                                             serving.admission)
         events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
-                                 background=BackgroundTask(stream.close))
+        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s)
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
                 "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None

@@ -32,6 +32,7 @@ class GatewayConfig:
     allow_credentials: bool = False  # CORS: let browsers send cookies / auth with cross-origin requests
     max_open_requests: int = 512  # work requests in flight at most (generation, tokenize); 429 + Retry-After above
     drain_timeout_s: float = 300.0  # on SIGTERM: how long requests in flight may take to finish before they are cut
+    stream_stall_timeout_s: float = 60.0  # a stream whose client takes no data for this long is aborted
     health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
@@ -49,3 +50,5 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")
+        if self.stream_stall_timeout_s <= 0:
+            raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")

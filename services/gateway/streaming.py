@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from opentelemetry import trace
+from starlette.background import BackgroundTask
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from services.gateway.admission import Admission
 from services.gateway.errors import OpenAIError, to_openai_error
@@ -23,6 +26,8 @@ from services.gateway.generation import (
 )
 from services.gateway.serving import Serving
 from shared.tracing import gen_ai_request_attributes, get_tracer, record_error
+
+log = logging.getLogger(__name__)
 
 STREAM_BUFFER = 64  # deltas a stream may run ahead of its client
 
@@ -234,3 +239,33 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_ch
         if usage_chunk is not None:
             yield sse(usage_chunk(tracker.usage()))
     yield SSE_DONE
+
+
+class StallGuardedStream(StreamingResponse):
+    """An SSE response that gives up on a client that stops reading: when one write waits longer than
+    `stall_timeout_s` for the client to take data (the socket and the server's write buffer are full), the stream
+    ends there, the connection is closed and the background task aborts the request, freeing its KV blocks. Only a
+    write that waits counts: a client that keeps up with generation never makes one wait. One slower than that
+    fills the buffers, and then must take about a third of the kernel's send buffer (Linux wakes a waiting writer
+    only then; the buffer grows up to 4 MiB) within the timeout."""
+
+    def __init__(self, events: AsyncIterator[str], stream: StartedStream, req_id: str, stall_timeout_s: float
+                 ) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
+                         background=BackgroundTask(stream.close))
+        self.req_id = req_id
+        self.stall_timeout_s = stall_timeout_s
+
+    async def stream_response(self, send) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(None) as stall:
+                async def send_or_stall(message) -> None:
+                    stall.reschedule(loop.time() + self.stall_timeout_s)
+                    await send(message)
+                    stall.reschedule(None)
+
+                await super().stream_response(send_or_stall)
+        except TimeoutError:  # the response stays incomplete: the server closes the connection when we return
+            log.warning("req_id=%s: the client read nothing for %g s: stream aborted", self.req_id,
+                        self.stall_timeout_s)
