@@ -15,9 +15,10 @@ Called from the engine loop's thread only; per step it touches only the requests
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from opentelemetry import trace
+from prometheus_client import Histogram
 
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.scheduler import SchedulerOutput
@@ -39,9 +40,7 @@ class RequestTimes:
 class RequestObserver:
     def __init__(self, metrics: SchedulerMetrics | None, model_name: str) -> None:
         self.requests: dict[str, RequestTimes] = {}
-        self._histograms = None
-        if metrics is not None:  # children bound once: observing then skips the label lookup
-            self._histograms = _Bound(metrics, model_name)
+        self._histograms = None if metrics is None else _ModelHistograms.of(metrics, model_name)
 
     def arrived(self, req_id: str, num_prompt_tokens: int, span: trace.Span | None) -> None:
         recording = span if span is not None and span.is_recording() else None
@@ -117,11 +116,21 @@ class RequestObserver:
         self.requests.pop(req_id, None)
 
 
-class _Bound:
-    """The histograms' children for one model_name."""
+@dataclass(frozen=True)
+class _ModelHistograms:
+    """The histograms' children for one model_name, bound once so that observing skips the label lookup."""
 
-    def __init__(self, metrics: SchedulerMetrics, model_name: str) -> None:
-        for name in ("time_to_first_token", "inter_token_latency", "e2e_request_latency", "request_queue_time",
-                     "request_prefill_time", "request_decode_time", "request_inference_time", "request_prompt_tokens",
-                     "request_generation_tokens", "iteration_tokens"):
-            setattr(self, name, getattr(metrics, name).labels(model_name))
+    time_to_first_token: Histogram
+    inter_token_latency: Histogram
+    e2e_request_latency: Histogram
+    request_queue_time: Histogram
+    request_prefill_time: Histogram
+    request_decode_time: Histogram
+    request_inference_time: Histogram
+    request_prompt_tokens: Histogram
+    request_generation_tokens: Histogram
+    iteration_tokens: Histogram
+
+    @classmethod
+    def of(cls, metrics: SchedulerMetrics, model_name: str) -> _ModelHistograms:
+        return cls(**{f.name: getattr(metrics, f.name).labels(model_name) for f in fields(cls)})

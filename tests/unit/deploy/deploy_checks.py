@@ -25,7 +25,9 @@ from pathlib import Path
 import yaml
 
 from services.gateway.config import GatewayConfig
+from services.gpu_worker.server import SERVICE_NAME as WORKER_READINESS
 from services.gpu_worker.service_config import WorkerServiceConfig
+from services.scheduler.server import SERVICE_NAME as SCHEDULER_READINESS
 from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
@@ -33,8 +35,8 @@ from tests.unit.deploy import deploy_tools
 OVERLAYS = ("gpu", "cpu")
 IMAGE = "pagedserve"
 SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
-    "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), "pagedserve.v1.WorkerService"),
-    "services.scheduler": (SchedulerServiceConfig, (), "pagedserve.v1.SchedulerService"),
+    "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
+    "services.scheduler": (SchedulerServiceConfig, (), SCHEDULER_READINESS),
     "services.gateway": (GatewayConfig, ("model_dir",), None),
 }
 # Agreed in the team's conventions and taken by the services (some helpers land them in parallel).
