@@ -1,4 +1,5 @@
-"""A scheduler whose worker is not there yet: NOT_SERVING on health, UNAVAILABLE to Generate, clean SIGTERM."""
+"""A scheduler whose worker is not there yet: alive (health "") but not ready (its named service NOT_SERVING),
+UNAVAILABLE to Generate, /metrics answering, clean SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import subprocess
 import sys
 
 import grpc
+import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.proto_convert.scheduler_contract import generate_request_to_pb
@@ -17,25 +19,27 @@ from tests.integration.processes import REPO, free_port, wait_for
 
 
 def test_scheduler_waits_for_its_worker_and_says_so(tmp_path):
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = tmp_path / "scheduler.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-port", str(port),
-                                    "--worker-address", f"127.0.0.1:{free_port()}"], cwd=REPO, stdout=log,
-                                   stderr=subprocess.STDOUT)
+                                    "--worker-address", f"127.0.0.1:{free_port()}", "--metrics-port",
+                                    str(metrics_port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         health = health_pb2_grpc.HealthStub(channel)
 
-        def status():
+        def status(service: str = "pagedserve.v1.SchedulerService"):
             try:
-                return health.Check(health_pb2.HealthCheckRequest(service="pagedserve.v1.SchedulerService"),
-                                    timeout=1).status
+                return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=1).status
             except grpc.RpcError:
                 return None
 
         assert wait_for(status, 30, interval_s=0.2, what="scheduler health") == \
             health_pb2.HealthCheckResponse.NOT_SERVING
+        # liveness does not follow the worker: a kubelet must not restart a scheduler that waits for its worker
+        assert status("") == health_pb2.HealthCheckResponse.SERVING
+        assert httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).status_code == 200
         stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
         request = generate_request_to_pb(GenerateRequest("early", [1, 2, 3], SamplingParams()))
         try:
