@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build \
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build bench-latency \
 	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
@@ -109,6 +109,12 @@ bench: model
 bench-peers: model
 	$(BENCH_RUN) --servers $(BENCH_PEERS) --concurrencies $(BENCH_PEER_CONCURRENCIES) \
 	  --pagedserve-concurrencies $(BENCH_PEER_OWN_CONCURRENCIES) --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
+
+# Where one stream's per-token time goes (forward pass, sampling, the worker's wait between steps, CPU of each
+# process): `pagedserve serve` on free ports, one stream at a time; LATENCY_ARGS e.g. --serve-args "--async-scheduling false".
+LATENCY_ARGS ?=
+bench-latency: model
+	$(PY) -m benchmarks.latency --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)

@@ -68,6 +68,8 @@ class StepOutput:
     sampled_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)  # parallel to req_ids
     forward_time_ns: int = 0  # time spent in the forward pass and sampling, for stats and tracing
+    sample_time_ns: int = 0  # of forward_time_ns, the sampler's
+    idle_time_ns: int = 0  # the worker's wait for this step since it finished its previous one (set by its server)
 
 
 @dataclass(frozen=True)

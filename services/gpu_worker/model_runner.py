@@ -85,12 +85,15 @@ class ModelRunner:
         start_ns = time.perf_counter_ns()
         batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device)
         hidden = self.model(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
-        output = StepOutput()
+        output, sample_ns = StepOutput(), 0
         if batch.sample_indices:
-            output = self._sample(batch, self.model.compute_logits(hidden))
+            logits = self.model.compute_logits(hidden)
+            sample_start_ns = time.perf_counter_ns()
+            output = self._sample(batch, logits)
+            sample_ns = time.perf_counter_ns() - sample_start_ns
         for request, n in zip(batch.requests, batch.num_scheduled, strict=True):
             request.num_computed_tokens += n
-        output.forward_time_ns = time.perf_counter_ns() - start_ns
+        output.forward_time_ns, output.sample_time_ns = time.perf_counter_ns() - start_ns, sample_ns
         return output
 
     def _sample(self, batch: ModelInput, logits: torch.Tensor) -> StepOutput:

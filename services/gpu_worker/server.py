@@ -11,6 +11,7 @@ One process per device. Steps are serialised (one forward at a time); health and
 from __future__ import annotations
 
 import logging
+import time
 from concurrent import futures
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def __init__(self) -> None:
         self.worker: Worker | None = None  # set once the model is loaded
         self._model_thread = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._last_step_end_ns = 0  # when the model thread finished its last step (0: none yet)
 
     def load(self, config: WorkerConfig) -> None:
         """Build the Worker on the model thread, where its steps will run too."""
@@ -72,8 +74,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
     def _run_step(self, worker: Worker, step: StepInput, traceparents: dict[str, str],
                   step_span: trace.Span | None) -> StepOutput:
         request_spans = _start_request_spans(traceparents, step, step_span)
-        output = self._model_thread.submit(worker.execute_step, step).result()  # one step at a time
+        output = self._model_thread.submit(self._execute, worker, step).result()  # one step at a time
         _end_request_spans(request_spans, output)
+        return output
+
+    def _execute(self, worker: Worker, step: StepInput) -> StepOutput:
+        """On the model thread: run the step and say how long the thread waited for it since its last one."""
+        start_ns = time.perf_counter_ns()
+        output = worker.execute_step(step)
+        output.idle_time_ns = start_ns - self._last_step_end_ns if self._last_step_end_ns else 0
+        self._last_step_end_ns = time.perf_counter_ns()
         return output
 
 

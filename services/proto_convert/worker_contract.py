@@ -50,7 +50,8 @@ def step_output_to_pb(output: StepOutput) -> worker_pb2.StepReply:
         if lp is not None:
             token.logprobs.CopyFrom(logprobs_to_pb(lp))
         sampled.append(token)
-    return worker_pb2.StepReply(sampled=sampled, forward_time_ns=output.forward_time_ns)
+    return worker_pb2.StepReply(sampled=sampled, forward_time_ns=output.forward_time_ns,
+                                sample_time_ns=output.sample_time_ns, idle_time_ns=output.idle_time_ns)
 
 
 def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
@@ -58,4 +59,4 @@ def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
         req_ids=[s.req_id for s in pb.sampled],
         sampled_token_ids=[s.token_id for s in pb.sampled],
         logprobs=[logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None for s in pb.sampled],
-        forward_time_ns=pb.forward_time_ns)
+        forward_time_ns=pb.forward_time_ns, sample_time_ns=pb.sample_time_ns, idle_time_ns=pb.idle_time_ns)

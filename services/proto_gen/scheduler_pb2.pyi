@@ -52,7 +52,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions", "num_scheduled_tokens_total", "num_finished", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions", "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected", "num_prefix_deferrals", "num_prompt_tokens_total", "num_generation_tokens_total")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions", "num_scheduled_tokens_total", "num_finished", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions", "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected", "num_prefix_deferrals", "num_prompt_tokens_total", "num_generation_tokens_total", "worker_step_ns_total", "worker_sample_ns_total", "worker_idle_ns_total")
     class NumFinishedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,9 @@ class SchedulerStats(_message.Message):
     NUM_PREFIX_DEFERRALS_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_GENERATION_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_STEP_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_SAMPLE_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    WORKER_IDLE_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
@@ -94,4 +97,7 @@ class SchedulerStats(_message.Message):
     num_prefix_deferrals: int
     num_prompt_tokens_total: int
     num_generation_tokens_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_scheduled_tokens_total: _Optional[int] = ..., num_finished: _Optional[_Mapping[str, int]] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_evictions: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_state_writes: _Optional[int] = ..., num_state_writes_dropped: _Optional[int] = ..., state_store_connected: _Optional[bool] = ..., num_prefix_deferrals: _Optional[int] = ..., num_prompt_tokens_total: _Optional[int] = ..., num_generation_tokens_total: _Optional[int] = ...) -> None: ...
+    worker_step_ns_total: int
+    worker_sample_ns_total: int
+    worker_idle_ns_total: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_scheduled_tokens_total: _Optional[int] = ..., num_finished: _Optional[_Mapping[str, int]] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_evictions: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_state_writes: _Optional[int] = ..., num_state_writes_dropped: _Optional[int] = ..., state_store_connected: _Optional[bool] = ..., num_prefix_deferrals: _Optional[int] = ..., num_prompt_tokens_total: _Optional[int] = ..., num_generation_tokens_total: _Optional[int] = ..., worker_step_ns_total: _Optional[int] = ..., worker_sample_ns_total: _Optional[int] = ..., worker_idle_ns_total: _Optional[int] = ...) -> None: ...

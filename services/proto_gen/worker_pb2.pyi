@@ -62,9 +62,13 @@ class SampledToken(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("sampled", "forward_time_ns")
+    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns")
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     forward_time_ns: int
-    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ...) -> None: ...
+    sample_time_ns: int
+    idle_time_ns: int
+    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ...) -> None: ...

@@ -51,6 +51,7 @@ class EngineLoop:
         self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
         self._wakeup = asyncio.Event()
         self._undelivered: list[tuple[asyncio.Queue[Item], Item]] = []  # the last step's outputs, not yet queued
+        self._resumed = True  # the loop waited for work since its last step: the worker's wait is not a round trip
         self.num_steps = 0
 
     @property
@@ -92,6 +93,7 @@ class EngineLoop:
             if not (self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids):
                 self._deliver()
                 self._wakeup.clear()
+                self._resumed = True
                 await self._wakeup.wait()
                 continue
             await self.step()
@@ -101,9 +103,11 @@ class EngineLoop:
         step = scheduled.step_input
         if step.is_empty and not step.finished_req_ids:
             self._deliver()
+            self._resumed = True
             await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
             return
         self.num_steps += 1
+        back_to_back, self._resumed = not self._resumed, False
         self.observer.step_planned(scheduled, self.num_steps)
         traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
                         if r.req_id in self._traceparents}
@@ -115,6 +119,8 @@ class EngineLoop:
         if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
             await self._recover(output)
         else:
+            self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
+                                                     output.idle_time_ns if back_to_back else 0)
             self._dispatch(scheduled, output)
 
     def _step_span(self, step: StepInput):

@@ -67,6 +67,14 @@ class SchedulerStats:
         "counter", "pagedserve_redis_writes_dropped", "Redis state writes dropped (slow, down, or queue full)"))
     state_store_connected: bool = field(default=False, metadata=_metric(
         "gauge", "pagedserve_redis_connected", "1 when the last Redis flush succeeded"))
+    # nanoseconds here, seconds in Prometheus (the collector converts fields named *_ns_total)
+    worker_step_ns_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_worker_step_seconds", "worker time in engine steps (forward pass and sampling)"))
+    worker_sample_ns_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_worker_sample_seconds", "of the worker's step time, sampling"))
+    worker_idle_ns_total: int = field(default=0, metadata=_metric(
+        "counter", "pagedserve_worker_idle_seconds",
+        "worker waiting between back-to-back steps (round trips, scheduling): what async scheduling hides"))
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -96,6 +104,9 @@ class SchedulerCounters:
     num_generation_tokens_total: int = 0
     num_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
     num_prefix_deferrals: int = 0  # times a waiting request sat out a step: a running one was computing its prefix
+    worker_step_ns_total: int = 0  # worker time in steps: forward pass + sampling
+    worker_sample_ns_total: int = 0  # of which sampling
+    worker_idle_ns_total: int = 0  # the worker's wait between back-to-back steps (round trips, scheduling)
 
     def record_step(self, num_scheduled_tokens: int, num_preempted: int) -> None:
         self.num_steps += 1
@@ -108,6 +119,11 @@ class SchedulerCounters:
         self.num_generation_tokens_total += 1
         if is_first:
             self.num_prompt_tokens_total += num_prompt_tokens
+
+    def record_worker_times(self, step_ns: int, sample_ns: int, idle_ns: int) -> None:
+        self.worker_step_ns_total += step_ns
+        self.worker_sample_ns_total += sample_ns
+        self.worker_idle_ns_total += idle_ns
 
     def record_deferral(self) -> None:
         self.num_prefix_deferrals += 1
@@ -124,4 +140,6 @@ class SchedulerCounters:
             num_prompt_tokens_total=self.num_prompt_tokens_total,
             num_generation_tokens_total=self.num_generation_tokens_total, num_finished=dict(self.num_finished),
             prefix_cache_queries=prefix.num_queries, prefix_cache_hits=prefix.num_hits,
-            prefix_cache_evictions=prefix.num_evictions, num_prefix_deferrals=self.num_prefix_deferrals)
+            prefix_cache_evictions=prefix.num_evictions, num_prefix_deferrals=self.num_prefix_deferrals,
+            worker_step_ns_total=self.worker_step_ns_total, worker_sample_ns_total=self.worker_sample_ns_total,
+            worker_idle_ns_total=self.worker_idle_ns_total)

@@ -33,5 +33,5 @@ class StatsCollector:
                 for key, count in sorted(value.items()):
                     family.add_metric([model_name, key], count)
             else:
-                family.add_metric([model_name], float(value))
+                family.add_metric([model_name], value / 1e9 if f.name.endswith("_ns_total") else float(value))
             yield family

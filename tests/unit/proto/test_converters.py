@@ -73,7 +73,8 @@ def test_step_input_round_trip_keeps_batch_order():
 
 
 def test_step_output_round_trip_with_and_without_logprobs():
-    output = StepOutput(req_ids=["a", "b"], sampled_token_ids=[3, 4], logprobs=[LOGPROBS, None], forward_time_ns=12)
+    output = StepOutput(req_ids=["a", "b"], sampled_token_ids=[3, 4], logprobs=[LOGPROBS, None], forward_time_ns=12,
+                        sample_time_ns=3, idle_time_ns=7)
     assert step_output_from_pb(step_output_to_pb(output)) == output
 
 

@@ -13,7 +13,8 @@ STATS = SchedulerStats(num_running=3, num_waiting=2, kv_usage=0.25, num_kv_block
                        num_generation_tokens_total=50, num_finished={"stop": 4, "length": 1},
                        prefix_cache_queries=64, prefix_cache_hits=32, prefix_cache_evictions=2,
                        num_prefix_deferrals=5, num_state_writes=11, num_state_writes_dropped=1,
-                       state_store_connected=True)
+                       state_store_connected=True, worker_step_ns_total=2_500_000_000,
+                       worker_sample_ns_total=250_000_000, worker_idle_ns_total=500_000_000)
 
 
 def test_redis_hash_holds_every_scalar_by_name_and_each_finish_reason():
@@ -39,9 +40,17 @@ def test_every_field_is_exposed_under_its_metric_with_the_model_name():
         if spec.label:
             for key, count in getattr(STATS, f.name).items():
                 assert samples[name, (("finished_reason", key), ("model_name", "m"))] == count
-        else:
-            assert samples[name, (("model_name", "m"),)] == float(getattr(STATS, f.name)), f.name
+        else:  # durations kept in ns are exposed in seconds
+            value = getattr(STATS, f.name) / (1e9 if f.name.endswith("_ns_total") else 1)
+            assert samples[name, (("model_name", "m"),)] == float(value), f.name
     assert len(samples) == len(STATS_FIELDS) + 1  # num_finished has two reasons
+
+
+def test_worker_times_are_exposed_in_seconds():
+    samples = _samples(STATS)
+    assert samples["pagedserve_worker_step_seconds_total", (("model_name", "m"),)] == 2.5
+    assert samples["pagedserve_worker_sample_seconds_total", (("model_name", "m"),)] == 0.25
+    assert samples["pagedserve_worker_idle_seconds_total", (("model_name", "m"),)] == 0.5
 
 
 def test_nothing_is_exposed_before_the_worker_described_itself():

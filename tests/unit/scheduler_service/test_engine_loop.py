@@ -155,3 +155,25 @@ async def test_the_next_step_is_sent_before_the_streams_wake_to_the_last_one():
     first_outputs = events.index("output 1")
     assert "call 2 sent" in events[:first_outputs], events
     assert events.count("output 3") == 4  # and every output still arrives, the last ones once the loop idles
+
+
+class TimedWorker(FakeWorkerClient):
+    """A step with tokens reports 1000 ns of forward pass (100 of sampling); every step, 50 ns of waiting for it."""
+
+    async def step(self, step, step_id, traceparents):
+        output = await super().step(step, step_id, traceparents)
+        output.forward_time_ns, output.sample_time_ns = (0, 0) if step.is_empty else (1000, 100)
+        output.idle_time_ns = 50
+        return output
+
+
+@pytest.mark.asyncio
+async def test_worker_times_are_summed_and_its_wait_only_between_back_to_back_steps():
+    """The first step after the loop waited for work reports the worker's whole wait: no round trip of a step."""
+    async with running_loop(TimedWorker()) as (loop, _):
+        for name in ("a", "b"):  # each after an idle loop: a prompt step, two decodes, then its mirror's drop
+            await drain(loop.add_request(request(name, max_tokens=3)))
+            await asyncio.sleep(0.05)
+        stats = loop.scheduler.snapshot_stats()
+    assert loop.num_steps == 8 and [len(s.num_scheduled_tokens) for s in loop.worker.steps] == [1, 1, 1, 0] * 2
+    assert (stats.worker_step_ns_total, stats.worker_sample_ns_total, stats.worker_idle_ns_total) == (6000, 600, 300)
