@@ -184,7 +184,7 @@ def _auth(config: ServeConfig) -> dict[str, str]:
 
 def ready_banner(config: ServeConfig, model_name: str) -> str:
     base = _base_url(config)
-    auth = f" -H 'Authorization: Bearer {config.gateway.api_key}'" if config.gateway.api_key else ""
+    auth = " -H \"Authorization: Bearer $PAGEDSERVE_API_KEY\"" if config.gateway.api_key else ""  # not the key
     body = (f'{{"model": "{model_name}", "messages": [{{"role": "user", "content": "What is the capital of '
             f'France?"}}], "max_tokens": 32, "temperature": 0}}')
     return "\n".join([

@@ -42,6 +42,7 @@ WIRING = ("worker_host", "scheduler_host", "worker_address", "scheduler_address"
 # Flags of serve, but moved by it when taken (see launcher); always passed to the child
 INTERNAL_PORTS = ("scheduler_port", "worker_port", "metrics_port")
 SECRET_SUFFIXES = ("_key", "_token")
+SECRET_NAMES = ("redis_url",)  # may hold the Redis password
 DESCRIPTION = "start worker, scheduler and gateway for MODEL_DIR, wait until they are healthy, stop them together"
 EPILOG = """Every flag is also a PAGEDSERVE_* variable (shown with each flag; a flag beats the variable, which beats
 the default). Bool flags work bare (--enable-prefix-caching), with a value (--enable-prefix-caching false) and
@@ -162,4 +163,4 @@ def child_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str,
 
 
 def is_secret(name: str) -> bool:
-    return name.endswith(SECRET_SUFFIXES)
+    return name.endswith(SECRET_SUFFIXES) or name in SECRET_NAMES

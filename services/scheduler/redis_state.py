@@ -24,6 +24,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from shared.redis_url import check_redis_url, masked_url
+
 log = logging.getLogger(__name__)
 
 
@@ -37,6 +39,13 @@ class RedisStateConfig:
     redis_request_ttl_s: float = 3600.0  # request hashes expire after this
     redis_instance_ttl_s: float = 30.0  # stats and prefix index vanish this long after the instance stops
     redis_timeout_s: float = 0.5  # per flush; a slower Redis counts as down
+
+    def __post_init__(self) -> None:
+        if self.redis_url:
+            try:
+                check_redis_url(self.redis_url)
+            except ValueError as exc:
+                raise ValueError(f"--redis-url {exc}") from None
 
 
 @dataclass
@@ -145,12 +154,13 @@ class RedisStateWriter:
             self.connected = False
             if not self._outage_logged:
                 log.warning("Redis at %s unavailable (%s): dropping state writes until it returns",
-                            self.config.redis_url, exc)
+                            masked_url(self.config.redis_url), exc)
                 self._outage_logged = True
             return
         self.num_writes += len(writes)
         if not self.connected:
-            log.info("Redis state writes to %s (%d dropped so far)", self.config.redis_url, self.num_dropped)
+            log.info("Redis state writes to %s (%d dropped so far)", masked_url(self.config.redis_url),
+                     self.num_dropped)
         self.connected, self._outage_logged = True, False
 
     async def _execute(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:

@@ -27,6 +27,7 @@ from services.scheduler.scheduler_stats import redis_fields
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.service_config import SchedulerServiceConfig
 from services.scheduler.worker_client import WorkerClient
+from shared.redis_url import masked_url
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.SchedulerService"
@@ -52,7 +53,7 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
                                   lambda: engine.scheduler.kv.prefix_index.keys())
         engine.state = servicer.state = writer
         tasks.append(asyncio.create_task(writer.run(), name="redis-writer"))
-        log.info("Redis state copy at %s under pagedserve:%s:*", config.state.redis_url, instance_id)
+        log.info("Redis state copy at %s under pagedserve:%s:*", masked_url(config.state.redis_url), instance_id)
     servicer.engine = engine
     await _set_serving(health_servicer, True)
     policy = config.scheduler

@@ -103,3 +103,9 @@ def test_scheduler_metrics_port_defaults_to_8001_moves_when_taken_and_may_be_tur
     explicit = parse_serve_config([MODEL, "--port", str(free_port()), "--metrics-port", str(taken)], environ={})
     with pytest.raises(PortInUseError, match="--metrics-port"):
         launcher.resolve_ports(explicit, said.append)
+
+
+def test_the_ready_banner_does_not_print_the_api_key():
+    config = parse_serve_config([MODEL, "--api-key", "hunter2-api-key"], "pagedserve serve")
+    banner = launcher.ready_banner(config, "SmolLM2-135M-Instruct")
+    assert "hunter2-api-key" not in banner and "Authorization: Bearer $PAGEDSERVE_API_KEY" in banner

@@ -143,3 +143,11 @@ def test_help_is_grouped_by_service_with_defaults_and_variables():
         for f, _ in leaf_fields(cls):
             if f.name not in WIRING and f.name != "model_dir":
                 assert flag_name(f.name) in text, f.name
+
+
+def test_a_redis_url_goes_through_the_environment_too():
+    """It may hold the Redis password: never on a command line, where `ps` shows it."""
+    url = "redis://:hunter2@cache:6379/0"
+    config = parse(MODEL, "--redis-url", url)
+    assert all(url not in child_command(config, name) for name in SERVICES)
+    assert child_environment(config, {})["PAGEDSERVE_REDIS_URL"] == url
