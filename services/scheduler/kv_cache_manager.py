@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.scheduler.block_pool import Block, BlockPool
-from services.scheduler.prefix_cache import InFlightKeys, PrefixIndex, extend_block_keys
+from services.scheduler.prefix_cache import InFlightKeys, PrefixIndex
 from services.scheduler.request import Request
+from shared.block_hashes import extend_block_keys
 
 
 @dataclass

@@ -1,33 +1,11 @@
-"""Prefix-cache keys and the key -> block index.
+"""The key -> block index of cached full blocks, and the keys running requests are still computing.
 
-A full block's key hashes its parent's key, its token ids and the request's extra keys (a cache salt), so two
-blocks have equal keys exactly when their whole prefixes are equal. Only full blocks are ever keyed.
+Keys come from shared/block_hashes.py (the gateway's router computes the same ones).
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from dataclasses import dataclass
-
-ROOT_KEY = b"pagedserve-root"
-
-
-def block_key(parent_key: bytes, token_ids: list[int], extra_key: str | None = None) -> bytes:
-    digest = hashlib.blake2b(parent_key, digest_size=16)
-    digest.update(array("q", token_ids).tobytes())
-    if extra_key is not None:
-        digest.update(b"\x00salt\x00" + extra_key.encode())
-    return digest.digest()
-
-
-def extend_block_keys(keys: list[bytes], token_ids: list[int], block_size: int, salt: str | None) -> None:
-    """Append keys for every full block of token_ids not yet keyed (keys[i] covers block i)."""
-    for index in range(len(keys), len(token_ids) // block_size):
-        parent = keys[index - 1] if index else ROOT_KEY
-        # the salt enters the first block only: every later key descends from it
-        keys.append(block_key(parent, token_ids[index * block_size: (index + 1) * block_size],
-                              salt if index == 0 else None))
 
 
 @dataclass
