@@ -101,3 +101,15 @@ class SchedulerStats(_message.Message):
     worker_sample_ns_total: int
     worker_idle_ns_total: int
     def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_scheduled_tokens_total: _Optional[int] = ..., num_finished: _Optional[_Mapping[str, int]] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_evictions: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_state_writes: _Optional[int] = ..., num_state_writes_dropped: _Optional[int] = ..., state_store_connected: _Optional[bool] = ..., num_prefix_deferrals: _Optional[int] = ..., num_prompt_tokens_total: _Optional[int] = ..., num_generation_tokens_total: _Optional[int] = ..., worker_step_ns_total: _Optional[int] = ..., worker_sample_ns_total: _Optional[int] = ..., worker_idle_ns_total: _Optional[int] = ...) -> None: ...
+
+class IdentifyRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SchedulerIdentity(_message.Message):
+    __slots__ = ("instance_id", "publishes_prefix_blocks")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHES_PREFIX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    publishes_prefix_blocks: bool
+    def __init__(self, instance_id: _Optional[str] = ..., publishes_prefix_blocks: _Optional[bool] = ...) -> None: ...

@@ -50,6 +50,11 @@ class SchedulerServiceStub:
                 request_serializer=pagedserve_dot_v1_dot_common__pb2.DescribeRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_common__pb2.ModelDescription.FromString,
                 _registered_method=True)
+        self.Identify = channel.unary_unary(
+                '/pagedserve.v1.SchedulerService/Identify',
+                request_serializer=pagedserve_dot_v1_dot_scheduler__pb2.IdentifyRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_scheduler__pb2.SchedulerIdentity.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -76,6 +81,13 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Identify(self, request, context):
+        """Who this scheduler is, for gateways routing over several replicas (answers before the worker is ready too).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +105,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.Describe,
                     request_deserializer=pagedserve_dot_v1_dot_common__pb2.DescribeRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_common__pb2.ModelDescription.SerializeToString,
+            ),
+            'Identify': grpc.unary_unary_rpc_method_handler(
+                    servicer.Identify,
+                    request_deserializer=pagedserve_dot_v1_dot_scheduler__pb2.IdentifyRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_scheduler__pb2.SchedulerIdentity.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +193,33 @@ class SchedulerService:
             '/pagedserve.v1.SchedulerService/Describe',
             pagedserve_dot_v1_dot_common__pb2.DescribeRequest.SerializeToString,
             pagedserve_dot_v1_dot_common__pb2.ModelDescription.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Identify(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.v1.SchedulerService/Identify',
+            pagedserve_dot_v1_dot_scheduler__pb2.IdentifyRequest.SerializeToString,
+            pagedserve_dot_v1_dot_scheduler__pb2.SchedulerIdentity.FromString,
             options,
             channel_credentials,
             insecure,

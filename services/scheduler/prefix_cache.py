@@ -20,11 +20,18 @@ class PrefixCacheCounters:
 
 
 class PrefixIndex:
-    """Key -> block id for cached full blocks. A key maps to at most one block and a block to at most one key."""
+    """Key -> block id for cached full blocks. A key maps to at most one block and a block to at most one key.
+
+    With a journal started, every insert and removal is also recorded in order, for a publisher to take (the only
+    per-block cost on the engine's path is a list append); past `limit` records the journal gives up and says so.
+    """
 
     def __init__(self) -> None:
         self._block_of_key: dict[bytes, int] = {}
         self.counters = PrefixCacheCounters()
+        self._journal: list[tuple[bytes, bool]] | None = None  # (key, added) since the last take; None: off
+        self._journal_limit = 0
+        self._journal_overflowed = False
 
     def __len__(self) -> int:
         return len(self._block_of_key)
@@ -37,14 +44,36 @@ class PrefixIndex:
         if key in self._block_of_key:
             return False
         self._block_of_key[key] = block_id
+        if self._journal is not None:
+            self._record(key, True)
         return True
 
     def remove(self, key: bytes) -> None:
         del self._block_of_key[key]
         self.counters.num_evictions += 1
+        if self._journal is not None:
+            self._record(key, False)
 
     def keys(self) -> list[bytes]:
         return list(self._block_of_key)
+
+    def start_journal(self, limit: int) -> None:
+        """Record changes from now on (at most `limit` between two takes)."""
+        self._journal, self._journal_limit, self._journal_overflowed = [], limit, False
+
+    def take_changes(self) -> list[tuple[bytes, bool]] | None:
+        """The changes since the last take, oldest first; None when some were not recorded (journal overflow)."""
+        assert self._journal is not None, "start_journal() first"
+        changes, overflowed = self._journal, self._journal_overflowed
+        self._journal, self._journal_overflowed = [], False
+        return None if overflowed else changes
+
+    def _record(self, key: bytes, added: bool) -> None:
+        if len(self._journal) >= self._journal_limit:
+            self._journal.clear()
+            self._journal_overflowed = True
+        if not self._journal_overflowed:
+            self._journal.append((key, added))
 
 
 @dataclass

@@ -1,14 +1,16 @@
-"""The scheduler's observability copy in Redis: live request state, its prefix-cache index and KV usage.
+"""The scheduler's copy in Redis: live request state, its prefix-cache index and its load, for gateways' routers.
 
-Off the hot path: the engine loop only enqueues (put_nowait on a bounded queue); a background task drains the
-queue and writes in one pipelined MULTI/EXEC per flush. When Redis is slow, down or the queue is full, writes are
-dropped and counted, the outage is logged once, and serving goes on; the next flush simply tries again, so the
-writer reconnects by itself when Redis returns.
+Off the hot path: the engine loop only enqueues (put_nowait on a bounded queue) and the prefix index only journals;
+a background task drains both and writes in one pipelined MULTI/EXEC per flush. When Redis is slow, down or the
+queue is full, writes are dropped and counted, the outage is logged once, and serving goes on; the next flush
+simply tries again, so the writer reconnects by itself when Redis returns (and then republishes the whole prefix
+index, see prefix_publisher.py).
 
-Keys (one namespace per scheduler instance, so several schedulers can share one Redis):
-  pagedserve:{instance}:request:{req_id}  hash  status, times, token counts      TTL request_ttl_s
-  pagedserve:{instance}:stats             hash  kv_usage, num_running, ...       TTL instance_ttl_s
-  pagedserve:{instance}:prefix_blocks     set   hex keys of cached full blocks   TTL instance_ttl_s
+Keys (one namespace per scheduler instance, so several schedulers can share one Redis; see shared/replica_keys.py):
+  pagedserve:{instance}:request:{req_id}  hash    status, times, token counts      TTL request_ttl_s
+  pagedserve:{instance}:stats             hash    kv_usage, num_running, ...       TTL instance_ttl_s
+  pagedserve:{instance}:prefix_blocks     set     hex keys of cached full blocks   TTL instance_ttl_s
+  pagedserve:{instance}:prefix_events     stream  its changes, in order            TTL instance_ttl_s
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from services.scheduler.prefix_cache import PrefixIndex
+from services.scheduler.prefix_publisher import PrefixPublisher
 from shared.redis_url import check_redis_url, masked_url
+from shared.replica_keys import SNAPSHOT, PrefixEvent, key_prefix, prefix_blocks_key, prefix_events_key, stats_key
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,8 @@ class RedisStateConfig:
     redis_queue_size: int = 10_000  # pending writes at most; more are dropped and counted
     redis_flush_interval_s: float = 0.05  # how long writes may wait to be batched
     redis_stats_interval_s: float = 0.25  # KV usage / queue sizes refresh
-    redis_prefix_sync_interval_s: float = 1.0  # prefix-cache index refresh
+    redis_prefix_sync_interval_s: float = 0.1  # how often prefix-cache changes are published
+    redis_prefix_events_max: int = 2000  # entries kept in the prefix_events stream (a slower reader resyncs)
     redis_request_ttl_s: float = 3600.0  # request hashes expire after this
     redis_instance_ttl_s: float = 30.0  # stats and prefix index vanish this long after the instance stops
     redis_timeout_s: float = 0.5  # per flush; a slower Redis counts as down
@@ -54,26 +60,59 @@ class _HashWrite:
     fields: dict[str, str | int | float]
     ttl_s: float
 
+    def apply(self, pipe) -> None:
+        pipe.hset(self.key, mapping=self.fields)
+        pipe.expire(self.key, int(self.ttl_s))
+
 
 @dataclass
-class _SetReplace:
-    key: str
-    members: list[str]
+class _PrefixPublish:
+    """One prefix event: the set changed and the event appended in the same transaction."""
+
+    instance_id: str
+    event: PrefixEvent
+    members: list[str]  # the whole set, for a snapshot
+    ttl_s: float
+    max_events: int
+
+    def apply(self, pipe) -> None:
+        blocks, events = prefix_blocks_key(self.instance_id), prefix_events_key(self.instance_id)
+        if self.event.op == SNAPSHOT:
+            pipe.delete(blocks)
+            for start in range(0, len(self.members), 10_000):
+                pipe.sadd(blocks, *self.members[start:start + 10_000])
+        else:
+            if self.event.added:
+                pipe.sadd(blocks, *self.event.added)
+            if self.event.removed:
+                pipe.srem(blocks, *self.event.removed)
+        pipe.xadd(events, self.event.to_fields(), maxlen=self.max_events, approximate=True)
+        for key in (blocks, events):
+            pipe.expire(key, int(self.ttl_s))
+
+
+@dataclass
+class _Expire:
+    keys: list[str]
     ttl_s: float
 
+    def apply(self, pipe) -> None:
+        for key in self.keys:
+            pipe.expire(key, int(self.ttl_s))
 
-def key_prefix(instance_id: str) -> str:
-    return f"pagedserve:{instance_id}:"
+
+_Write = _HashWrite | _PrefixPublish | _Expire
 
 
 class RedisStateWriter:
     def __init__(self, config: RedisStateConfig, instance_id: str, stats_source: Callable[[], dict],
-                 prefix_source: Callable[[], list[bytes]]) -> None:
+                 prefix_source: Callable[[], PrefixIndex]) -> None:
         self.config = config
+        self.instance_id = instance_id
         self.prefix = key_prefix(instance_id)
         self._stats_source = stats_source
-        self._prefix_source = prefix_source
-        self._queue: asyncio.Queue[_HashWrite | _SetReplace] = asyncio.Queue(config.redis_queue_size)
+        self._publisher = PrefixPublisher(prefix_source)
+        self._queue: asyncio.Queue[_HashWrite] = asyncio.Queue(config.redis_queue_size)
         self.num_writes = 0
         self.num_dropped = 0
         self.connected = False
@@ -98,7 +137,7 @@ class RedisStateWriter:
     def _put_request(self, req_id: str, fields: dict) -> None:
         self._put(_HashWrite(f"{self.prefix}request:{req_id}", fields, self.config.redis_request_ttl_s))
 
-    def _put(self, write: _HashWrite | _SetReplace) -> None:
+    def _put(self, write: _HashWrite) -> None:
         try:
             self._queue.put_nowait(write)
         except asyncio.QueueFull:
@@ -113,7 +152,7 @@ class RedisStateWriter:
         next_stats_s = next_prefix_s = 0.0
         try:
             while True:
-                writes = await self._drain(self.config.redis_flush_interval_s)
+                writes: list[_Write] = await self._drain(self.config.redis_flush_interval_s)
                 now_s = time.monotonic()
                 if now_s >= next_stats_s:
                     writes.append(self._stats_write())
@@ -126,8 +165,8 @@ class RedisStateWriter:
         finally:
             await client.aclose()
 
-    async def _drain(self, wait_s: float) -> list[_HashWrite | _SetReplace]:
-        writes = []
+    async def _drain(self, wait_s: float) -> list[_Write]:
+        writes: list[_Write] = []
         try:
             async with asyncio.timeout(wait_s):  # unlike wait_for, never swallows a cancel of this task
                 writes.append(await self._queue.get())
@@ -139,19 +178,25 @@ class RedisStateWriter:
 
     def _stats_write(self) -> _HashWrite:
         fields = {**self._stats_source(), "updated_at_s": time.time()}
-        return _HashWrite(f"{self.prefix}stats", fields, self.config.redis_instance_ttl_s)
+        return _HashWrite(stats_key(self.instance_id), fields, self.config.redis_instance_ttl_s)
 
-    def _prefix_write(self) -> _SetReplace:
-        members = [key.hex() for key in self._prefix_source()]
-        return _SetReplace(f"{self.prefix}prefix_blocks", members, self.config.redis_instance_ttl_s)
+    def _prefix_write(self) -> _PrefixPublish | _Expire:
+        """The index's changes since the last publish; with none, the keys' TTL is refreshed instead."""
+        made = self._publisher.next_event()
+        ttl_s = self.config.redis_instance_ttl_s
+        if made is None:
+            return _Expire([prefix_blocks_key(self.instance_id), prefix_events_key(self.instance_id)], ttl_s)
+        event, members = made
+        return _PrefixPublish(self.instance_id, event, members, ttl_s, self.config.redis_prefix_events_max)
 
-    async def _flush(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:
+    async def _flush(self, client: aioredis.Redis, writes: list[_Write]) -> None:
         try:
             async with asyncio.timeout(self.config.redis_timeout_s):
                 await self._execute(client, writes)
         except (TimeoutError, RedisError, OSError) as exc:
             self.num_dropped += len(writes)
             self.connected = False
+            self._publisher.lost()  # a timed-out transaction may or may not have been applied
             if not self._outage_logged:
                 log.warning("Redis at %s unavailable (%s): dropping state writes until it returns",
                             masked_url(self.config.redis_url), exc)
@@ -163,17 +208,11 @@ class RedisStateWriter:
                      self.num_dropped)
         self.connected, self._outage_logged = True, False
 
-    async def _execute(self, client: aioredis.Redis, writes: list[_HashWrite | _SetReplace]) -> None:
-        # MULTI/EXEC: a reader never sees the prefix set deleted but not yet refilled
+    async def _execute(self, client: aioredis.Redis, writes: list[_Write]) -> None:
+        # MULTI/EXEC: a reader never sees the prefix set changed without its event, or deleted but not refilled
         async with client.pipeline(transaction=True) as pipe:
             for write in writes:
-                if isinstance(write, _HashWrite):
-                    pipe.hset(write.key, mapping=write.fields)
-                else:
-                    pipe.delete(write.key)
-                    if write.members:
-                        pipe.sadd(write.key, *write.members)
-                pipe.expire(write.key, int(write.ttl_s))
+                write.apply(pipe)
             await pipe.execute()
 
 

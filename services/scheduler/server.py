@@ -48,12 +48,12 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
                         RequestObserver(metrics, description.model_name), config.trace_step_interval)
     tasks.append(asyncio.create_task(_run_engine(engine, stop), name="engine-loop"))
     if config.state.redis_url:
-        instance_id = config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
-        writer = RedisStateWriter(config.state, instance_id, lambda: redis_fields(servicer.snapshot(engine)),
-                                  lambda: engine.scheduler.kv.prefix_index.keys())
+        writer = RedisStateWriter(config.state, servicer.instance_id, lambda: redis_fields(servicer.snapshot(engine)),
+                                  lambda: engine.scheduler.kv.prefix_index)
         engine.state = servicer.state = writer
         tasks.append(asyncio.create_task(writer.run(), name="redis-writer"))
-        log.info("Redis state copy at %s under pagedserve:%s:*", masked_url(config.state.redis_url), instance_id)
+        log.info("Redis state copy at %s under pagedserve:%s:*", masked_url(config.state.redis_url),
+                 servicer.instance_id)
     servicer.engine = engine
     await _set_serving(health_servicer, True)
     policy = config.scheduler
@@ -84,9 +84,14 @@ def _stats_source(servicer: SchedulerServicer):
     return None if engine is None else (servicer.snapshot(engine), engine.scheduler.description.model_name)
 
 
+def instance_id_of(config: SchedulerServiceConfig) -> str:
+    """--instance-id, else hostname-port (unique per host; a StatefulSet pod's hostname is stable)."""
+    return config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
+
+
 async def serve(config: SchedulerServiceConfig) -> None:
     server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
-    servicer = SchedulerServicer()
+    servicer = SchedulerServicer(instance_id_of(config), bool(config.state.redis_url))
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

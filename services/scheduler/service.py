@@ -1,4 +1,4 @@
-"""The scheduler's gRPC servicer: Generate streams, GetStats, Describe. Protobuf stops here."""
+"""The scheduler's gRPC servicer: Generate streams, GetStats, Describe, Identify. Protobuf stops here."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
-    def __init__(self) -> None:
+    def __init__(self, instance_id: str = "", publishes_prefix_blocks: bool = False) -> None:
+        self.instance_id = instance_id
+        self.publishes_prefix_blocks = publishes_prefix_blocks
         self.engine: EngineLoop | None = None  # set once the worker answered
         self.state: RedisStateWriter | NullStateWriter = NullStateWriter()
 
@@ -72,6 +74,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @map_errors
     async def Describe(self, request, context) -> common_pb2.ModelDescription:  # noqa: N802
         return description_to_pb(self._ready().scheduler.description)
+
+    @map_errors
+    async def Identify(self, request, context) -> scheduler_pb2.SchedulerIdentity:  # noqa: N802
+        return scheduler_pb2.SchedulerIdentity(instance_id=self.instance_id,
+                                               publishes_prefix_blocks=self.publishes_prefix_blocks)
 
     def stats(self) -> SchedulerStats:
         return self.snapshot(self._ready())

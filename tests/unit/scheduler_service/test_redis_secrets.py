@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import REPO, free_port, wait_for
 
@@ -43,7 +44,7 @@ def redis_with_password(tmp_path):
 async def _flush_once(url: str) -> RedisStateWriter:
     config = RedisStateConfig(redis_url=url, redis_flush_interval_s=0.01, redis_stats_interval_s=0.01,
                               redis_timeout_s=1.0)
-    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, list)
+    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, PrefixIndex)
     task = asyncio.create_task(writer.run())
     try:
         await asyncio.sleep(0.3)

@@ -9,6 +9,7 @@ import socket
 
 import pytest
 
+from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 
 
@@ -22,7 +23,9 @@ def closed_port() -> int:
 async def test_unreachable_redis_drops_counts_and_keeps_going():
     config = RedisStateConfig(redis_url=f"redis://127.0.0.1:{closed_port()}/0", redis_flush_interval_s=0.01,
                               redis_stats_interval_s=0.01, redis_timeout_s=0.2)
-    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: [b"\x01\x02"])
+    index = PrefixIndex()
+    index.insert(b"\x01\x02", 0)
+    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: index)
     task = asyncio.create_task(writer.run())
     try:
         for i in range(5):
@@ -55,7 +58,7 @@ async def test_a_cancelled_writer_always_stops():
 
 def test_a_full_queue_drops_instead_of_blocking():
     config = RedisStateConfig(redis_url="redis://127.0.0.1:1/0", redis_queue_size=2)
-    writer = RedisStateWriter(config, "unit", dict, list)
+    writer = RedisStateWriter(config, "unit", dict, PrefixIndex)
     for i in range(5):
         writer.request_first_token(f"r{i}", 0)
     assert writer.num_dropped == 3

@@ -81,3 +81,10 @@ async def test_not_ready_is_unavailable_and_bad_params_invalid():
         async for _ in servicer.Generate(bad, context):
             pass
     assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT and "top_p" in context.aborted[1]
+
+
+@pytest.mark.asyncio
+async def test_identify_answers_before_the_worker_is_ready():
+    servicer = SchedulerServicer("replica-7", publishes_prefix_blocks=True)
+    identity = await servicer.Identify(scheduler_pb2.IdentifyRequest(), FakeContext())
+    assert (identity.instance_id, identity.publishes_prefix_blocks) == ("replica-7", True)
