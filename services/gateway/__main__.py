@@ -11,6 +11,9 @@ import uvicorn
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.drain import CUT_GRACE_S, DrainingServer
+from services.gateway.prefix_mirror import PrefixMirror
+from services.gateway.replica_addresses import parse_targets
+from services.gateway.replicas import ReplicaSet
 from services.gateway.sampling import load_generation_defaults
 from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.serving import Serving
@@ -37,9 +40,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     tokenizer = PromptTokenizer(config.model_dir, config.chat_template, config.tokenizer_threads)
     if not tokenizer.has_chat_template:
         logging.getLogger("pagedserve.gateway").warning("%s", NO_TEMPLATE)
-    serving = Serving(config, tokenizer,
-                      SchedulerClient(config.scheduler_address, config.scheduler_timeout_s),
-                      load_generation_defaults(config.model_dir))
+    replicas = ReplicaSet(parse_targets(config.scheduler_address),
+                          lambda address: SchedulerClient(address, config.scheduler_timeout_s, config.health_timeout_s),
+                          config.health_poll_interval_s, config.scheduler_resolve_interval_s)
+    mirror = PrefixMirror(config.redis_url) if config.redis_url and config.routing == "prefix" else None
+    serving = Serving(config, tokenizer, replicas, load_generation_defaults(config.model_dir), mirror=mirror)
     app = create_app(serving, instrument=tracing)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
                                            loop=config.loop, http=config.http, log_config=None,

@@ -42,13 +42,11 @@ def request_id(request: Request) -> str:
 def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        serving.client.connect()
-        watcher = asyncio.create_task(serving.watch_scheduler())
+        background = asyncio.create_task(serving.run_background(), name="gateway-background")
         yield
-        watcher.cancel()
+        background.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        await serving.client.close()
+            await background
 
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)

@@ -17,6 +17,7 @@ from services.gateway.streaming import (
     StallGuardedStream,
     collect_until_disconnect,
     first_delta_or_error,
+    replica_header,
     run_choices,
     sse_events,
     usage_of,
@@ -69,14 +70,17 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
                                       "finish_reason": None}], **extra} for job in jobs if body.echo]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id),
+        served_by: list[str] = []
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
                                             serving.admission)
         events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
-        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s)
-    results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id)
+        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
+                                  replica_header(served_by))
+    served_by = []
+    results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
                 "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None
                 else None, "finish_reason": r.finish_reason} for r in results]
     return JSONResponse({"id": response_id, "object": "text_completion", "created": created,
                          "model": model.model_name, "choices": choices, "usage": usage_of(results)},
-                        headers={"X-Request-Id": req_id})
+                        headers={"X-Request-Id": req_id, **replica_header(served_by)})

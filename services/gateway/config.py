@@ -7,6 +7,8 @@ from typing import Literal
 
 from services.gateway.chat_template import load_chat_template
 from services.gateway.cors import parse_list
+from services.gateway.replica_addresses import parse_targets
+from services.gateway.routing import RoutingPolicy
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
@@ -19,7 +21,14 @@ class GatewayConfig:
     model_dir: str  # Hugging Face model folder: tokenizer, chat template, generation_config.json
     host: str = "127.0.0.1"  # interface the HTTP server binds (0.0.0.0 for all)
     port: int = 8000  # the OpenAI-compatible HTTP port
-    scheduler_address: str = "127.0.0.1:50051"  # host:port of the scheduler's gRPC server
+    # Engine replicas: a comma list of host:port; a DNS name resolving to several addresses (a Kubernetes headless
+    # Service) gives one replica per address, re-resolved every scheduler_resolve_interval_s.
+    scheduler_address: str = "127.0.0.1:50051"  # the schedulers' gRPC servers: host:port[,host:port...]
+    scheduler_resolve_interval_s: float = 5.0  # how often DNS names in --scheduler-address are resolved again
+    routing: RoutingPolicy = "prefix"  # how a request picks its replica: prefix, least-load or round-robin
+    redis_url: str = ""  # the Redis the schedulers publish prefix indexes and load to; empty: prefix routing hashes
+    routing_load_cost_tokens: int = 128  # prefix routing: prompt tokens one request queued on a replica is worth
+    routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's
@@ -33,7 +42,8 @@ class GatewayConfig:
     max_open_requests: int = 512  # work requests in flight at most (generation, tokenize); 429 + Retry-After above
     drain_timeout_s: float = 300.0  # on SIGTERM: how long requests in flight may take to finish before they are cut
     stream_stall_timeout_s: float = 60.0  # a stream whose client takes no data for this long is aborted
-    health_poll_interval_s: float = 1.0  # how often the gateway checks the scheduler's health
+    health_poll_interval_s: float = 1.0  # how often the gateway checks each scheduler's health
+    health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
@@ -52,3 +62,6 @@ class GatewayConfig:
             raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")
         if self.stream_stall_timeout_s <= 0:
             raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")
+        parse_targets(self.scheduler_address)  # a ValueError naming the bad entry
+        if self.routing_load_cost_tokens < 0 or self.routing_pending_ttl_s < 0:
+            raise ValueError("routing_load_cost_tokens and routing_pending_ttl_s must be >= 0")

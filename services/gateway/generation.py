@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from services.gateway.detokenizer import IncrementalDetokenizer
-from services.gateway.scheduler_client import SchedulerClient
+from services.gateway.router import Router
 from services.gateway.stop_strings import StopStringMatcher
 from services.gateway.tokenizer import PromptTokenizer
 from shared.request_io import GenerateRequest
@@ -60,12 +60,13 @@ class ChoiceResult:
         self.num_output_tokens = delta.num_output_tokens
 
 
-async def stream_choice(client: SchedulerClient, tokenizer: PromptTokenizer, job: ChoiceJob
+async def stream_choice(router: Router, tokenizer: PromptTokenizer, job: ChoiceJob, served_by: list[str]
                         ) -> AsyncIterator[ChoiceDelta]:
+    """The choice's deltas; the name of the replica that serves it is appended to `served_by` at its first output."""
     detokenizer = IncrementalDetokenizer(tokenizer, job.request.prompt_token_ids)
     stops = StopStringMatcher(job.stop)
     pending_logprobs: list[TokenLogprobs] = []
-    async with contextlib.aclosing(client.generate(job.request)) as outputs:
+    async with contextlib.aclosing(router.generate(job.request, served_by)) as outputs:
         async for out in outputs:
             pending_logprobs.extend(lp for lp in out.new_logprobs if lp is not None)
             text = detokenizer.add(out.new_token_ids) + (detokenizer.flush() if out.finished else "")

@@ -1,8 +1,9 @@
-"""What every endpoint needs: the scheduler client, tokenizer, model facts, defaults and metrics."""
+"""What every endpoint needs: the replicas and their router, tokenizer, model facts, defaults and metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,9 +14,12 @@ from services.gateway.config import GatewayConfig
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceJob
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.prefix_mirror import PrefixMirror
 from services.gateway.protocol import SamplingFields
+from services.gateway.replicas import ReplicaSet
+from services.gateway.router import Router, RouterConfig
+from services.gateway.router_metrics import ReplicaStateCollector, RouterMetrics
 from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
-from services.gateway.scheduler_client import SchedulerClient
 from services.gateway.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import ModelDescription
@@ -27,16 +31,49 @@ log = logging.getLogger(__name__)
 class Serving:
     config: GatewayConfig
     tokenizer: PromptTokenizer
-    client: SchedulerClient
+    replicas: ReplicaSet
     generation_defaults: dict
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    mirror: PrefixMirror | None = None  # the replicas' prefix indexes (None: no Redis, prefix routing hashes)
     admission: Admission = field(init=False)
-    description: ModelDescription | None = None  # the model facts, set once the scheduler described its worker
-    ready: bool = False  # the scheduler reports SERVING
+    router: Router = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
+        config = RouterConfig(self.config.routing, self.config.routing_load_cost_tokens,
+                              self.config.routing_pending_ttl_s)
+        self.router = Router(config, self.replicas, self.mirror, RouterMetrics(self.metrics.registry))
+        self.metrics.registry.register(ReplicaStateCollector(self.router))
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica is routable."""
+        return self.replicas.ready
+
+    @property
+    def description(self) -> ModelDescription | None:
+        """The model facts: the first ready replica's (every replica serves this model)."""
+        return self.replicas.model
+
+    async def refresh(self) -> bool:
+        """Check the replicas that are out now (no lag behind the periodic poll); returns `ready`."""
+        await self.replicas.check_now()
+        return self.ready
+
+    async def run_background(self) -> None:
+        """The replica set's resolution and health tasks, and the prefix-index mirror; cancel to stop."""
+        tasks = [asyncio.create_task(self.replicas.run(), name="replicas")]
+        if self.mirror is not None:
+            tasks.append(asyncio.create_task(self.mirror.run(), name="prefix-mirror"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def require_model(self, requested: str | None) -> ModelDescription:
         """The served model; 503 before the scheduler is ready, 404 for another model name."""
@@ -94,27 +131,3 @@ class Serving:
                 jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
                                                                            body.cache_salt), body.stop_strings))
         return jobs
-
-    async def watch_scheduler(self) -> None:
-        """Poll the scheduler's health forever; describe its model when it becomes ready."""
-        while True:
-            await self.refresh()
-            await asyncio.sleep(self.config.health_poll_interval_s)
-
-    async def refresh(self) -> bool:
-        """Ask the scheduler now whether it serves (describing its model the first time); returns `ready`."""
-        serving = await self.client.is_serving()
-        if serving and self.description is None:
-            try:
-                self.description = await self.client.describe()
-            except Exception as exc:  # retried at the next poll
-                log.warning("describe failed: %s", exc)
-                serving = False
-        if serving != self.ready:
-            if serving:
-                log.info("scheduler at %s ready: serving %s (context %d)", self.client.address,
-                         self.description.model_name, self.description.max_model_len)
-            else:
-                log.warning("scheduler at %s unavailable", self.client.address)
-        self.ready = serving and self.description is not None
-        return self.ready

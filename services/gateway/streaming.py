@@ -60,12 +60,19 @@ def usage_of(results: list[ChoiceResult]) -> dict:
 
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # endpoint -> gen_ai.operation.name
+REPLICA_HEADER = "X-Pagedserve-Replica"
 
 
-async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, req_id: str
-                      ) -> AsyncIterator[ChoiceDelta]:
+def replica_header(served_by: list[str]) -> dict[str, str]:
+    """X-Pagedserve-Replica: the replicas serving the request's choices so far (ids, comma-separated)."""
+    return {REPLICA_HEADER: ",".join(dict.fromkeys(served_by))} if served_by else {}
+
+
+async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, req_id: str,
+                      served_by: list[str] | None = None) -> AsyncIterator[ChoiceDelta]:
     """All deltas of the request's choices inside the request's span (GenAI semantic conventions; ERROR status
-    when the request fails)."""
+    when the request fails); the replicas serving them are appended to `served_by` at each choice's first output."""
+    served_by = [] if served_by is None else served_by
     tracker = UsageTracker()
     operation, model_name = _OPERATIONS[endpoint], serving.description.model_name
     span = get_tracer().start_span(f"{operation} {model_name}", attributes={
@@ -75,7 +82,7 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
     finish_reasons: list[str] = []
     with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
         try:
-            streams = [stream_choice(serving.client, serving.tokenizer, job) for job in jobs]
+            streams = [stream_choice(serving.router, serving.tokenizer, job, served_by) for job in jobs]
             async with contextlib.aclosing(merge_choices(streams)) as deltas:
                 async for delta in deltas:
                     tracker.add(delta)
@@ -85,6 +92,8 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
         except Exception as exc:
             record_error(span, exc)
             raise
+        finally:
+            span.set_attribute("pagedserve.replicas", ",".join(dict.fromkeys(served_by)))
         usage = tracker.usage()
         span.set_attributes({"gen_ai.response.model": model_name, "gen_ai.response.finish_reasons": finish_reasons,
                              "gen_ai.usage.input_tokens": usage["prompt_tokens"],
@@ -93,12 +102,12 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
 
 
 async def collect_until_disconnect(request: Request, serving: Serving, jobs: list[ChoiceJob], endpoint: str,
-                                   req_id: str) -> list[ChoiceResult]:
+                                   req_id: str, served_by: list[str] | None = None) -> list[ChoiceResult]:
     """Run a non-streaming request; if the client goes away meanwhile, or the drain deadline cuts it, cancel it
     (aborting every choice)."""
     cut = serving.admission.cut_signal()
     try:
-        task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id), jobs))
+        task = asyncio.create_task(collect_choices(run_choices(serving, jobs, endpoint, req_id, served_by), jobs))
         return await _unless_disconnected(request, task, cut)
     finally:
         serving.admission.release(cut)
@@ -249,9 +258,9 @@ class StallGuardedStream(StreamingResponse):
     fills the buffers, and then must take about a third of the kernel's send buffer (Linux wakes a waiting writer
     only then; the buffer grows up to 4 MiB) within the timeout."""
 
-    def __init__(self, events: AsyncIterator[str], stream: StartedStream, req_id: str, stall_timeout_s: float
-                 ) -> None:
-        super().__init__(events, media_type="text/event-stream", headers={"X-Request-Id": req_id},
+    def __init__(self, events: AsyncIterator[str], stream: StartedStream, req_id: str, stall_timeout_s: float,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(events, media_type="text/event-stream", headers={"X-Request-Id": req_id, **(headers or {})},
                          background=BackgroundTask(stream.close))
         self.req_id = req_id
         self.stall_timeout_s = stall_timeout_s

@@ -113,3 +113,5 @@ def test_models_version_tokenize_detokenize_metrics(http, model_name, stack):
                  "pagedserve_e2e_request_latency_seconds_count", "pagedserve_time_to_first_token_seconds_count"):
         assert any(line.startswith(name + "{") and f'model_name="{model_name}"' in line
                    for line in engine_metrics.splitlines()), name
+    assert f'pagedserve_gateway_replica_up{{address="127.0.0.1:{stack.scheduler_port}",replica="itest"}} 1.0' \
+        in http_metrics.splitlines()

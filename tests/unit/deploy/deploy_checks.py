@@ -232,10 +232,12 @@ def check_services(objects: list[dict]) -> list[str]:
 def _http_paths(module: str) -> frozenset[str]:
     """The paths the gateway's real app serves."""
     from services.gateway.app import create_app
+    from services.gateway.replicas import ReplicaSet
     from services.gateway.serving import Serving
 
     assert module == "services.gateway"
-    serving = Serving(GatewayConfig(model_dir="unused"), tokenizer=None, client=None, generation_defaults={})
+    serving = Serving(GatewayConfig(model_dir="unused"), tokenizer=None, replicas=ReplicaSet([], make_client=None),
+                      generation_defaults={})
     return frozenset(route.path for route in create_app(serving).routes)
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import grpc
+import grpc.aio
+
+from services.gateway.replica_addresses import Target
+from services.gateway.replicas import Health, ReplicaIdentity, ReplicaSet
 from services.proto_convert.scheduler_contract import generate_request_to_pb
 from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
@@ -17,11 +22,18 @@ DESCRIPTION = ModelDescription(model_name="tiny-model", architecture="LlamaForCa
 
 
 class FakeSchedulerClient:
-    def __init__(self, tokenizer, reply: str = "The capital of France is Paris.", serving: bool = True) -> None:
+    def __init__(self, tokenizer, reply: str = "The capital of France is Paris.", serving: bool = True,
+                 instance_id: str = "fake", description: ModelDescription = DESCRIPTION) -> None:
         self.reply_ids = tokenizer.encode(reply, add_special_tokens=False) + [EOS]
         self.serving = serving
         self.fail_after: tuple[int, Exception] | None = None  # (outputs sent, error): the scheduler fails mid-way
-        self.address = "fake"
+        self.fail_before_output: Exception | None = None  # every call fails with this before any output
+        self.hung = False  # health gets no answer and calls produce nothing, until abandoned
+        self.num_abandons = 0
+        self._hangs: set[asyncio.Event] = set()
+        self.address = f"{instance_id}:1"
+        self.instance_id = instance_id
+        self.description = description
         self.requests: list[GenerateRequest] = []
         self.cancelled: list[str] = []  # req_ids whose stream was closed before it finished
 
@@ -31,6 +43,14 @@ class FakeSchedulerClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         generate_request_to_pb(request)  # what the real client sends: raises where a value does not fit the wire
         self.requests.append(request)
+        if self.fail_before_output is not None:
+            raise self.fail_before_output
+        if self.hung:
+            abandoned = asyncio.Event()
+            self._hangs.add(abandoned)
+            await abandoned.wait()
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "stopped answering")
         finished = False
         try:
             for n, token_id in enumerate(self.reply_ids[:request.sampling.max_tokens], start=1):
@@ -54,11 +74,21 @@ class FakeSchedulerClient:
             return None
         return TokenLogprobs(token_id, -0.5, 1, [token_id, 11][:n], [-0.5, -1.5][:n])
 
-    async def is_serving(self) -> bool:
-        return self.serving
+    async def check_health(self) -> Health:
+        if self.hung:
+            return Health.NO_ANSWER
+        return Health.SERVING if self.serving else Health.NOT_SERVING
+
+    def abandon_calls(self) -> None:
+        self.num_abandons += 1
+        for event in self._hangs:
+            event.set()
 
     async def describe(self) -> ModelDescription:
-        return DESCRIPTION
+        return self.description
+
+    async def identify(self) -> ReplicaIdentity:
+        return ReplicaIdentity(self.instance_id, publishes_prefix_blocks=False)
 
     async def get_stats(self) -> SchedulerStats:
         return SchedulerStats(num_running=1, kv_usage=0.25, prefix_cache_queries=40, prefix_cache_hits=16,
@@ -66,3 +96,14 @@ class FakeSchedulerClient:
 
     async def close(self) -> None:
         pass
+
+
+def fake_replicas(*fakes: FakeSchedulerClient, health_interval_s: float = 0.02) -> ReplicaSet:
+    """A replica set over fake clients, one target each (resolved to itself)."""
+    by_address = {fake.address: fake for fake in fakes}
+    targets = [Target(fake.instance_id, 1) for fake in fakes]
+
+    async def resolve(target: Target) -> list[str]:
+        return [f"{target.host}:{target.port}"]
+
+    return ReplicaSet(targets, by_address.__getitem__, health_interval_s, resolve_interval_s=3600, resolver=resolve)

@@ -15,7 +15,7 @@ from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.serving import Serving
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
@@ -25,7 +25,7 @@ def gateway_with_state(tokenizer, serving: bool = True, wait_ready: bool = True,
     """(client, fake scheduler, the app's Serving); config_fields override GatewayConfig's defaults."""
     config = GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config_fields)
     fake = FakeSchedulerClient(tokenizer, serving=serving)
-    state = Serving(config, tokenizer, fake, generation_defaults={})
+    state = Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
     with TestClient(create_app(state)) as client:
         deadline_s = time.monotonic() + 5
         while wait_ready and not state.ready and time.monotonic() < deadline_s:
@@ -192,7 +192,11 @@ def test_tokenize_detokenize_version_metrics(tokenizer):
                  'pagedserve_http_request_duration_seconds_count{route="/v1/chat/completions"} 1.0',
                  'pagedserve_http_time_to_first_byte_seconds_count{route="/v1/chat/completions"} 1.0',
                  "pagedserve_http_requests_in_flight 1.0",  # the scrape itself
-                 "pagedserve_gateway_scheduler_ready 1.0"):
+                 "pagedserve_gateway_scheduler_ready 1.0",
+                 'pagedserve_gateway_routed_requests_total{replica="fake"} 1.0',
+                 'pagedserve_gateway_replica_up{address="fake:1",replica="fake"} 1.0',
+                 'pagedserve_gateway_prefix_index_up 0.0',
+                 'pagedserve_gateway_routing_info{policy="prefix"} 1.0'):
         assert line in metrics.splitlines()
 
 
@@ -210,3 +214,12 @@ def test_livez_answers_while_the_scheduler_is_not_ready(tokenizer):
     with gateway(tokenizer, serving=False, wait_ready=False) as (client, _):
         assert client.get("/livez").status_code == 200
         assert client.get("/health").status_code == 503
+
+
+def test_responses_name_the_replica_that_served_them(tokenizer):
+    with gateway(tokenizer) as (client, _):
+        whole = client.post("/v1/chat/completions", json=CHAT)
+        streamed = client.post("/v1/completions", json={"prompt": "Paris is", "stream": True, "max_tokens": 2})
+        refused = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 0})
+    assert whole.headers["X-Pagedserve-Replica"] == streamed.headers["X-Pagedserve-Replica"] == "fake"
+    assert "X-Pagedserve-Replica" not in refused.headers

@@ -18,7 +18,7 @@ from services.gateway.config import GatewayConfig
 from services.gateway.serving import Serving
 from services.gateway.tokenizer import PromptTokenizer
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 PLAIN = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -39,7 +39,7 @@ def gateway(model_dir: Path, **config):
     config = GatewayConfig(model_dir=str(model_dir), health_poll_interval_s=0.02, **config)
     tokenizer = PromptTokenizer(str(model_dir), config.chat_template)
     fake = FakeSchedulerClient(tokenizer)
-    state = Serving(config, tokenizer, fake, generation_defaults={})
+    state = Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
     with TestClient(create_app(state)) as client:
         deadline_s = time.monotonic() + 5
         while not state.ready and time.monotonic() < deadline_s:

@@ -13,7 +13,7 @@ from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.serving import Serving
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 ORIGIN = "https://ui.example"
 PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -23,7 +23,7 @@ PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
 @contextmanager
 def gateway(tokenizer, **config):
     config = GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config)
-    state = Serving(config, tokenizer, FakeSchedulerClient(tokenizer), generation_defaults={})
+    state = Serving(config, tokenizer, fake_replicas(FakeSchedulerClient(tokenizer)), generation_defaults={})
     app = create_app(state)
     with TestClient(app) as client:
         deadline_s = time.monotonic() + 5
@@ -88,7 +88,7 @@ def test_options_on_every_route_is_never_a_5xx(tokenizer, origins):
 def test_root_is_absolute_when_served_from_a_relative_folder(tokenizer, monkeypatch):
     monkeypatch.chdir(MODEL_DIR.parent)
     config = GatewayConfig(model_dir=MODEL_DIR.name, health_poll_interval_s=0.02)
-    state = Serving(config, tokenizer, FakeSchedulerClient(tokenizer), generation_defaults={})
+    state = Serving(config, tokenizer, fake_replicas(FakeSchedulerClient(tokenizer)), generation_defaults={})
     with TestClient(create_app(state)) as client:
         deadline_s = time.monotonic() + 5
         while not state.ready and time.monotonic() < deadline_s:

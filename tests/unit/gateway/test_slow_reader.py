@@ -20,7 +20,7 @@ from services.gateway.serving import Serving
 from shared.request_io import RequestOutput
 from tests.integration.processes import free_port, wait_for
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 TOKENS_PER_OUTPUT = 500  # big SSE events: the socket buffers fill within a few hundred of them
 
@@ -49,7 +49,7 @@ def http_gateway(tokenizer, stall_timeout_s: float) -> Iterator[tuple[int, Endle
     config = GatewayConfig(model_dir=str(MODEL_DIR), port=port, stream_stall_timeout_s=stall_timeout_s,
                            health_poll_interval_s=0.05)
     fake = EndlessScheduler(tokenizer)
-    serving = Serving(config, tokenizer, fake, generation_defaults={})
+    serving = Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
     server = uvicorn.Server(uvicorn.Config(create_app(serving), port=port, loop="asyncio", log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
