@@ -19,6 +19,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from shared.cancellation import raise_if_cancelled
 from shared.replica_keys import DELTA, PrefixEvent, prefix_blocks_key, prefix_events_key, stats_key
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,11 @@ class PrefixMirror:
                 try:
                     await self.poll(client)
                 except (RedisError, OSError, TimeoutError) as exc:
+                    raise_if_cancelled()
                     self._lost(exc)
                     await asyncio.sleep(self.retry_interval_s)
                     continue
+                raise_if_cancelled()
                 if not self.connected:
                     log.info("prefix index: reading Redis at %s", self.redis_url)
                 self.connected, self._outage_logged = True, False

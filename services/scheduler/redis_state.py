@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.prefix_publisher import PrefixPublisher
+from shared.cancellation import raise_if_cancelled
 from shared.redis_url import check_redis_url, masked_url
 from shared.replica_keys import SNAPSHOT, PrefixEvent, key_prefix, prefix_blocks_key, prefix_events_key, stats_key
 
@@ -162,6 +163,7 @@ class RedisStateWriter:
                     next_prefix_s = now_s + self.config.redis_prefix_sync_interval_s
                 if writes:
                     await self._flush(client, writes)
+                raise_if_cancelled()  # redis-py may have turned a cancel of this task into an error or a return
         finally:
             await client.aclose()
 
