@@ -43,6 +43,7 @@ class RedisStateConfig:
     redis_stats_interval_s: float = 0.25  # KV usage / queue sizes refresh
     redis_prefix_sync_interval_s: float = 0.1  # how often prefix-cache changes are published
     redis_prefix_events_max: int = 2000  # entries kept in the prefix_events stream (a slower reader resyncs)
+    redis_prefix_snapshot_interval_s: float = 60.0  # the whole prefix index is republished at least this often
     redis_request_ttl_s: float = 3600.0  # request hashes expire after this
     redis_instance_ttl_s: float = 30.0  # stats and prefix index vanish this long after the instance stops
     redis_timeout_s: float = 0.5  # per flush; a slower Redis counts as down
@@ -112,7 +113,7 @@ class RedisStateWriter:
         self.instance_id = instance_id
         self.prefix = key_prefix(instance_id)
         self._stats_source = stats_source
-        self._publisher = PrefixPublisher(prefix_source)
+        self._publisher = PrefixPublisher(prefix_source, snapshot_interval_s=config.redis_prefix_snapshot_interval_s)
         self._queue: asyncio.Queue[_HashWrite] = asyncio.Queue(config.redis_queue_size)
         self.num_writes = 0
         self.num_dropped = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 
 import pytest
 
@@ -40,7 +41,7 @@ async def published_equals_cache(client, index: PrefixIndex) -> None:
     async def equal() -> bool:
         return await client.smembers(prefix_blocks_key(INSTANCE)) == expected
 
-    deadline_s = asyncio.get_running_loop().time() + 10
+    deadline_s = asyncio.get_running_loop().time() + 30
     while not await equal():
         assert asyncio.get_running_loop().time() < deadline_s, "the published set never matched the cache"
         await asyncio.sleep(0.02)
@@ -119,3 +120,15 @@ def test_a_journal_overflow_forces_a_snapshot():
     assert event.op == SNAPSHOT and len(members) == 5
     index.insert(b"\x09", 9)
     assert publisher.next_event()[0] == PrefixEvent(3, DELTA, added=("09",))
+
+
+def test_a_snapshot_goes_out_every_interval_even_without_trouble():
+    index = PrefixIndex()
+    publisher = PrefixPublisher(lambda: index, snapshot_interval_s=0.05)
+    assert publisher.next_event()[0].op == SNAPSHOT
+    index.insert(b"\x01", 1)
+    assert publisher.next_event()[0].op == DELTA
+    time.sleep(0.06)
+    index.insert(b"\x02", 2)
+    event, members = publisher.next_event()
+    assert event.op == SNAPSHOT and sorted(members) == ["01", "02"]
