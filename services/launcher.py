@@ -4,7 +4,9 @@ Each child runs in its own session (a terminal's Ctrl-C reaches only this launch
 first and the worker last) and receives SIGTERM if the launcher dies. Child output is prefixed by service name.
 `serve` takes every flag of the three services (serve_config.py); the model folder and the ports are checked
 before any child starts: a bad folder or a taken gateway port stops it with exit code 2, and a taken internal
-port moves to a free one unless it was chosen explicitly.
+port moves to a free one unless it was chosen explicitly. With `--replicas N` it starts N worker + scheduler pairs
+behind the one gateway (serve_replicas.py); once serving, a replica whose process dies is left out (the gateway
+routes around it) while the gateway and another whole replica still run.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from services.serve_config import (
     INTERNAL_HOST,
     SERVICES,
     ServeConfig,
-    child_command,
     child_environment,
     parse_serve_config,
     with_ports,
 )
+from services.serve_replicas import child_plans, replica_configs
 from shared.cli_config import flag_name
 from shared.model_dir import model_dir_problem
 
@@ -47,6 +49,15 @@ SERVE_METRICS_PORT = 8001  # the scheduler's /metrics under `serve` unless --met
 class Child:
     name: str
     process: subprocess.Popen
+    service: str = ""  # worker, scheduler or gateway (the name, without replicas)
+
+    def __post_init__(self) -> None:
+        self.service = self.service or self.name
+
+    @property
+    def replica(self) -> str | None:
+        """The replica's index as text ("0", "1", ...) for a replica's child under --replicas; else None."""
+        return self.name.rpartition("-")[2] if "-" in self.name else None
 
 
 def _die_with_parent() -> None:
@@ -103,18 +114,17 @@ def _another_free_port(taken: set[int]) -> int:
 
 def _pump(name: str, stream: IO[str]) -> None:
     for line in stream:
-        sys.stdout.write(f"{name:<9}| {line}")
+        sys.stdout.write(f"{name:<11}| {line}")
         sys.stdout.flush()
 
 
-def start_children(config: ServeConfig) -> list[Child]:
+def start_children(config: ServeConfig, replicas: list[ServeConfig] | None = None) -> list[Child]:
     env = child_environment(config, os.environ)  # secrets there, not on the command line where `ps` shows them
     children = []
-    for name in SERVICES:  # all started before any pump thread exists (preexec_fn rule)
-        argv = child_command(config, name)
-        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    for plan in child_plans(replicas or [config]):  # all started before any pump thread exists (preexec_fn rule)
+        process = subprocess.Popen(plan.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                    start_new_session=True, preexec_fn=_die_with_parent)
-        children.append(Child(name, process))
+        children.append(Child(plan.name, process, plan.service))
     for child in children:
         threading.Thread(target=_pump, args=(child.name, child.process.stdout), daemon=True).start()
     return children
@@ -134,7 +144,7 @@ def stop_children(children: list[Child], timeouts_s: dict[str, float]) -> None:
     for child in reversed(children):
         if child.process.poll() is None:
             child.process.terminate()
-            timeout_s = timeouts_s[child.name]
+            timeout_s = timeouts_s[child.service]
             try:
                 child.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -147,6 +157,17 @@ def _exited(children: list[Child]) -> Child | None:
     return next((c for c in children if c.process.poll() is not None), None)
 
 
+def fatal_exit(children: list[Child]) -> Child | None:
+    """The exited child that ends `serve`: any, without replicas; with them, the gateway, or the one whose exit
+    leaves no replica with both processes running (a dead replica's others are left to the gateway's routing)."""
+    dead = [c for c in children if c.process.poll() is not None]
+    if not dead or all(c.replica is None for c in children):
+        return dead[0] if dead else None
+    broken = {c.replica for c in dead}
+    whole = {c.replica for c in children if c.replica is not None} - broken
+    return next((c for c in dead if c.replica is None), None) or (dead[-1] if not whole else None)
+
+
 def _base_url(config: ServeConfig) -> str:
     host = config.gateway.host
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{config.gateway.port}"
@@ -155,17 +176,18 @@ def _base_url(config: ServeConfig) -> str:
 def wait_until_healthy(config: ServeConfig, children: list[Child], stop: threading.Event) -> str | None:
     """The served model's name once the gateway's /health is 200; None when a child died or we were stopped.
 
-    Waits for the scheduler's gRPC readiness first, so that the gateway is not asked (and does not log and count
-    503s) while the model loads; the gateway's /health then checks the scheduler itself and answers 200 at once.
+    Waits for every scheduler's gRPC readiness first, so that the gateway is not asked (and does not log and count
+    503s) while the model loads; the gateway's /health then checks the schedulers itself and answers 200 at once.
     """
     deadline_s = time.monotonic() + config.launcher.startup_timeout_s
-    scheduler = f"{INTERNAL_HOST}:{config.scheduler.scheduler_port}"
+    schedulers = config.gateway.scheduler_address.split(",")
 
     def waiting() -> bool:
         return not stop.is_set() and _exited(children) is None and time.monotonic() < deadline_s
 
-    while waiting() and not grpc_serving(scheduler, 2.0, SCHEDULER_SERVICE):
-        stop.wait(0.25)
+    for scheduler in schedulers:
+        while waiting() and not grpc_serving(scheduler, 2.0, SCHEDULER_SERVICE):
+            stop.wait(0.25)
     with httpx.Client(base_url=_base_url(config), timeout=5.0, trust_env=False) as client:
         while waiting():
             try:
@@ -182,7 +204,7 @@ def _auth(config: ServeConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def ready_banner(config: ServeConfig, model_name: str) -> str:
+def ready_banner(config: ServeConfig, model_name: str, replicas: list[ServeConfig] | None = None) -> str:
     base = _base_url(config)
     auth = " -H \"Authorization: Bearer $PAGEDSERVE_API_KEY\"" if config.gateway.api_key else ""  # not the key
     body = (f'{{"model": "{model_name}", "messages": [{{"role": "user", "content": "What is the capital of '
@@ -190,13 +212,18 @@ def ready_banner(config: ServeConfig, model_name: str) -> str:
     return "\n".join([
         f"pagedserve is ready: {model_name}",
         f"  OpenAI API: {base}/v1   health: {base}/health   HTTP metrics: {base}/metrics",
-        *([f"  engine metrics (Prometheus): http://{INTERNAL_HOST}:{config.scheduler.metrics_port}/metrics"]
-          if config.scheduler.metrics_port else []),
+        *[f"  engine metrics (Prometheus){_replica_label(r)}: http://{INTERNAL_HOST}:{r.scheduler.metrics_port}"
+          "/metrics" for r in replicas or [config] if r.scheduler.metrics_port],
         "  try:",
         f"    curl {base}/v1/chat/completions -H 'Content-Type: application/json'{auth} \\",
         f"      -d '{body}'",
-        "  Ctrl-C stops all three services.",
+        "  Ctrl-C stops all three services." if not replicas or len(replicas) == 1 else
+        f"  {len(replicas)} replicas routed by {config.gateway.routing}; Ctrl-C stops every service.",
     ])
+
+
+def _replica_label(config: ServeConfig) -> str:
+    return f" of {config.scheduler.instance_id}" if config.launcher.replicas > 1 else ""
 
 
 def _say(text: str) -> None:
@@ -220,10 +247,12 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if isinstance(config, str):
         print(f"{prog or 'pagedserve serve'}: error: {config}", file=sys.stderr)
         return 2
+    replicas = replica_configs(config, _say)
+    config = replicas[0]  # the gateway's wiring covers every replica
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, f: stop.set())
-    children = start_children(config)
+    children = start_children(config, replicas)
     try:
         model_name = wait_until_healthy(config, children, stop)
         if model_name is None and not stop.is_set():
@@ -231,12 +260,18 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
             print(f"launcher | {dead.name + ' exited' if dead else 'startup timed out'}: stopping", flush=True)
             return 1
         if model_name is not None:
-            print(ready_banner(config, model_name), flush=True)
+            print(ready_banner(config, model_name, replicas), flush=True)
+        reported: set[str] = set()
         while not stop.wait(0.5):
-            dead = _exited(children)
+            dead = fatal_exit(children)
             if dead is not None:
                 print(f"launcher | {dead.name} exited with code {dead.process.returncode}: stopping", flush=True)
                 return 1
+            for child in children:
+                if child.process.poll() is not None and child.name not in reported:
+                    reported.add(child.name)
+                    _say(f"{child.name} exited with code {child.process.returncode}: replica {child.replica} is "
+                         "out; the gateway routes around it")
         return 0
     finally:
         print("launcher | stopping gateway, scheduler, worker", flush=True)

@@ -55,6 +55,11 @@ class LauncherConfig:
     model_dir: str  # Hugging Face model folder to serve (config.json, tokenizer, *.safetensors)
     startup_timeout_s: float = 600.0  # give up when the gateway is not healthy by then
     stop_timeout_s: float = 15.0  # per service, before SIGKILL
+    replicas: int = 1  # engine replicas (scheduler + worker pairs) started here; the gateway routes over them
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
 
 
 @dataclass(frozen=True)
