@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-peers-build bench-latency \
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency \
 	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
@@ -109,6 +109,13 @@ bench: model
 bench-peers: model
 	$(BENCH_RUN) --servers $(BENCH_PEERS) --concurrencies $(BENCH_PEER_CONCURRENCIES) \
 	  --pagedserve-concurrencies $(BENCH_PEER_OWN_CONCURRENCIES) --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
+
+# pagedserve against llama-server at its best thread count: llama.cpp once per count in BENCH_LLAMA_THREADS, each
+# point compared with the better one (one stream: lower ITL; under load: more tok/s), all at 1, 16 and 64 streams.
+BENCH_LLAMA_THREADS ?= 1,2
+bench-llama: model
+	$(BENCH_RUN) --servers pagedserve,llama.cpp --threads $(BENCH_LLAMA_THREADS) --concurrencies 1,16,64 \
+	  --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
 
 # Where one stream's per-token time goes (forward pass, sampling, the worker's wait between steps, CPU of each
 # process): `pagedserve serve` on free ports, one stream at a time; LATENCY_ARGS e.g. --serve-args "--async-scheduling false".

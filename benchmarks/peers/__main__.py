@@ -22,7 +22,7 @@ from benchmarks.peers.plan import SuitePlan, parse_ints
 from benchmarks.peers.ratios import comparison
 from benchmarks.peers.results import write_server_results
 from benchmarks.peers.run import ServerRun, bench_server
-from benchmarks.peers.servers import SERVER_KINDS, ServerOptions, default_llama_threads
+from benchmarks.peers.servers import SERVER_KINDS, ServerOptions, default_llama_threads, server_kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-warmups", type=int, default=2, help="after each server start, per workload")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--llama-ctx-per-slot", type=int, default=2048, help="llama-server -c = slots x this")
-    p.add_argument("--threads", type=int, default=default_llama_threads(), help="llama-server -t; default: cores - 1")
+    p.add_argument("--threads", default=str(default_llama_threads()),
+                   help="llama-server -t; default: cores - 1. A list (1,2) runs llama.cpp once per count, as "
+                        "llama.cpp-t1, llama.cpp-t2, and compares pagedserve with the best of them at each point")
     p.add_argument("--build-jobs", type=int, default=2, help="cmake --build -j for llama-server")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-run", action="store_true", help="only merge the points already under OUT_DIR/raw and compare")
@@ -81,14 +83,17 @@ def main(argv: list[str] | None = None) -> int:
         min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency,
         num_warmups=args.num_warmups, seed=args.seed,
     )  # fmt: skip
-    options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, args.threads,
+    llama_threads = parse_ints(args.threads)
+    kinds = server_kinds(labels, llama_threads)
+    labels = list(kinds)
+    options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, llama_threads[0],
                             args.build_jobs)  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
     runs: list[ServerRun] = []
     speeds = {} if args.no_run else {"before": measure_speed()}  # the machine before the first server
     for label in labels:
         if not args.no_run:
-            runs.append(bench_server(SERVER_KINDS[label], options, plan, plan.concurrencies_for(label)))
+            runs.append(bench_server(kinds[label], options, plan, plan.concurrencies_for(label)))
         write_server_results(plan, label, plan.concurrencies_for(label), plot=not args.no_plot)
     if speeds:
         speeds["after"] = measure_speed()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks.peers.servers import LLAMA_THREADS_PREFIX
 from benchmarks.plots import plot_latency_vs_load
 from benchmarks.report import load_result
 
@@ -37,7 +38,8 @@ def workload_table(workload: str, results: dict[str, dict]) -> list[str]:
     base, peers = results["pagedserve"], [label for label in results if label != "pagedserve"]
     by_label = {label: runs_by_concurrency(result) for label, result in results.items()}
     header = f"{'conc':>5}  {'metric':<16}{'pagedserve':>12}"
-    header += "".join(f"{label:>14}{'ps/' + label:>17}" for label in peers)
+    widths = {label: (max(14, len(label) + 2), max(17, len(label) + 5)) for label in peers}
+    header += "".join(f"{label:>{widths[label][0]}}{'ps/' + label:>{widths[label][1]}}" for label in peers)
     lines = [f"== {workload} ==", header]
     for concurrency, run in runs_by_concurrency(base).items():
         for key, title in METRICS:
@@ -45,7 +47,7 @@ def workload_table(workload: str, results: dict[str, dict]) -> list[str]:
             row = f"{concurrency:>5}  {title:<16}{_cell(ours):>12}"
             for label in peers:
                 theirs = (by_label[label].get(concurrency) or {}).get("metrics", {}).get(key)
-                row += f"{_cell(theirs):>14}{_ratio(ours, theirs):>17}"
+                row += f"{_cell(theirs):>{widths[label][0]}}{_ratio(ours, theirs):>{widths[label][1]}}"
             lines.append(row)
     return lines + _health_notes(results)
 
@@ -62,6 +64,31 @@ def _health_notes(results: dict[str, dict]) -> list[str]:
     return notes
 
 
+BEST_LLAMA = "llama.cpp-best"
+
+
+def _better(run: dict, other: dict) -> bool:
+    """At one stream the lower median ITL wins (the single-user figure); under load the higher output tok/s."""
+    ours, theirs = run["metrics"], other["metrics"]
+    if run["load"]["max_concurrency"] == 1:
+        return (ours.get("median_itl_ms") or float("inf")) < (theirs.get("median_itl_ms") or float("inf"))
+    return (ours.get("output_throughput_tok_s") or 0) > (theirs.get("output_throughput_tok_s") or 0)
+
+
+def best_llama(results: dict[str, dict]) -> tuple[dict, list[str]] | None:
+    """With llama.cpp run at several thread counts: per concurrency the best count's run, and which it was."""
+    sweep = {label: result for label, result in results.items() if label.startswith(LLAMA_THREADS_PREFIX)}
+    if len(sweep) < 2:
+        return None
+    best: dict[int, tuple[str, dict]] = {}
+    for label, result in sweep.items():
+        for concurrency, run in runs_by_concurrency(result).items():
+            if concurrency not in best or _better(run, best[concurrency][1]):
+                best[concurrency] = (label, run)
+    chosen = [f"  {BEST_LLAMA} at concurrency {c}: {label}" for c, (label, _) in sorted(best.items())]
+    return {"runs": [run for _, (_, run) in sorted(best.items())]}, chosen
+
+
 def comparison(plan_out_dir: Path, labels: list[str], workloads: tuple[str, ...], plot: bool = True) -> str:
     """The whole table (both workloads); also draws <out>/peers-<workload>_vs_load.png with every server."""
     sections = [NOTE]
@@ -73,7 +100,12 @@ def comparison(plan_out_dir: Path, labels: list[str], workloads: tuple[str, ...]
                 f"== {workload} ==\n  (needs pagedserve and at least one peer result: have {list(results)})"
             )
             continue
-        sections.append("\n".join(workload_table(workload, results)))
+        best = best_llama(results)
+        chosen = []
+        if best is not None:
+            results[BEST_LLAMA], chosen = best
+        sections.append("\n".join(workload_table(workload, results) + chosen))
+        results.pop(BEST_LLAMA, None)
         if plot:
             plot_latency_vs_load(results, plan_out_dir / f"peers-{workload}_vs_load.png")
     return "\n\n".join(sections)

@@ -6,7 +6,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.peers.llama_build import ensure_gguf, ensure_llama_server, llama_server_path
@@ -86,3 +86,24 @@ SERVER_KINDS = {
         ServerKind("transformers", transformers_spec, check_transformers),
     )
 }
+LLAMA_THREADS_PREFIX = "llama.cpp-t"  # llama.cpp at one thread count of a sweep: llama.cpp-t1, llama.cpp-t2, ...
+
+
+def llama_kind(threads: int) -> ServerKind:
+    """llama-server with `-t threads` whatever the options say, labelled llama.cpp-t<threads>."""
+    def spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+        label = f"{LLAMA_THREADS_PREFIX}{threads}"
+        return replace(llama_spec(replace(options, threads=threads), concurrency), label=label)
+
+    return ServerKind(f"{LLAMA_THREADS_PREFIX}{threads}", spec, prepare_llama, restart_per_concurrency=True)
+
+
+def server_kinds(labels: list[str], llama_threads: tuple[int, ...]) -> dict[str, ServerKind]:
+    """label -> kind, in order; with several llama thread counts, llama.cpp becomes one kind per count."""
+    kinds: dict[str, ServerKind] = {}
+    for label in labels:
+        if label == "llama.cpp" and len(llama_threads) > 1:
+            kinds |= {kind.label: kind for kind in map(llama_kind, llama_threads)}
+        else:
+            kinds[label] = SERVER_KINDS[label]
+    return kinds

@@ -9,10 +9,10 @@ import pytest
 
 from benchmarks.peers.plan import SuitePlan
 from benchmarks.peers.process import ServerProcess, ServerSpec, free_port
-from benchmarks.peers.ratios import comparison
+from benchmarks.peers.ratios import BEST_LLAMA, comparison
 from benchmarks.peers.results import write_server_results
 from benchmarks.peers.run import bench_server, point_problem
-from benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec
+from benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec, server_kinds
 from tests.unit.benchmarks.conftest import MODEL_DIR
 
 REPO = Path(__file__).resolve().parents[3]
@@ -54,6 +54,36 @@ def test_llama_server_gets_one_slot_per_concurrent_request(tmp_path):
     argv = spec.argv
     assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("-c") + 1] == str(16 * 2048)
     assert argv[argv.index("--port") + 1] == str(spec.port)
+
+
+def test_a_llama_thread_sweep_runs_one_server_per_count(tmp_path):
+    kinds = server_kinds(["pagedserve", "llama.cpp"], (1, 2))
+    assert list(kinds) == ["pagedserve", "llama.cpp-t1", "llama.cpp-t2"]
+    spec = kinds["llama.cpp-t2"].spec(ServerOptions(MODEL_DIR, tmp_path, threads=1), 16)
+    assert spec.label == "llama.cpp-t2" and spec.argv[spec.argv.index("-t") + 1] == "2"
+    assert list(server_kinds(["pagedserve", "llama.cpp"], (2,))) == ["pagedserve", "llama.cpp"]
+
+
+def _result(points: dict[int, tuple[float, float]]) -> dict:
+    """concurrency -> (output tok/s, median ITL ms), in the shape of a merged result file."""
+    runs = [{"load": {"max_concurrency": c}, "metrics": {"output_throughput_tok_s": tps, "median_itl_ms": itl,
+                                                         "failed": 0, "num_short_outputs": 0}}
+            for c, (tps, itl) in points.items()]
+    return {"runs": runs}
+
+
+def test_pagedserve_is_compared_with_the_best_llama_thread_count_per_point(tmp_path):
+    results = {"pagedserve": _result({1: (100.0, 10.0), 16: (300.0, 40.0)}),
+               "llama.cpp-t1": _result({1: (90.0, 11.0), 16: (100.0, 30.0)}),
+               "llama.cpp-t2": _result({1: (95.0, 12.0), 16: (150.0, 45.0)})}
+    for label, result in results.items():
+        (tmp_path / f"{label}-random.json").write_text(json.dumps(result))
+    table = comparison(tmp_path, list(results), ("random",), plot=False)
+    assert f"{BEST_LLAMA} at concurrency 1: llama.cpp-t1" in table  # the lower ITL at one stream
+    assert f"{BEST_LLAMA} at concurrency 16: llama.cpp-t2" in table  # the higher throughput under load
+    header = next(line for line in table.splitlines() if "ps/" + BEST_LLAMA in line)
+    row = next(line for line in table.splitlines() if line.split()[:3] == ["16", "output", "tok/s"])
+    assert header.split()[-2:] == [BEST_LLAMA, "ps/" + BEST_LLAMA] and row.split()[-2:] == ["150.0", "2.00"]
 
 
 def test_a_point_with_failed_requests_is_flagged(tmp_path):
