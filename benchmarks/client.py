@@ -84,6 +84,7 @@ async def _stream(
     done = False
     async with client.post(cfg.url, json=build_payload(cfg, request)) as response:
         record.http_status = response.status
+        record.replica = response.headers.get("X-Pagedserve-Replica")
         if response.status != 200:
             body = await response.text(errors="replace")
             _fail(record, f"http_{response.status}", body[:_MAX_ERROR_BODY_CHARS])
@@ -122,6 +123,7 @@ def _read_chunk(chunk: dict, record: RequestRecord) -> str:
         record.num_output_tokens = usage["completion_tokens"]
         record.output_tokens_source = "usage"
         record.num_prompt_tokens = usage.get("prompt_tokens", record.num_prompt_tokens)
+        record.num_cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     text = ""
     for choice in chunk.get("choices") or []:
         record.finish_reason = choice.get("finish_reason") or record.finish_reason

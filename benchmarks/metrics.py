@@ -72,6 +72,17 @@ def max_in_flight(records: list[RequestRecord]) -> int:
     return peak
 
 
+def routing_metrics(ok: list[RequestRecord]) -> dict:
+    """What the server's usage and headers say about its cache and replicas: the share of prompt tokens served from
+    cache (over the requests that report cached tokens; None when none does) and requests per replica."""
+    reported = [r for r in ok if r.num_cached_tokens is not None and r.num_prompt_tokens]
+    num_prompt = sum(r.num_prompt_tokens for r in reported)
+    return {
+        "cached_prompt_tokens_ratio": sum(r.num_cached_tokens for r in reported) / num_prompt if num_prompt else None,
+        "requests_per_replica": dict(sorted(Counter(r.replica for r in ok if r.replica).items())),
+    }
+
+
 def compute_metrics(records: list[RequestRecord], duration_s: float, cfg: MetricsConfig) -> dict:
     ok = [r for r in records if r.ok]
     num_input_tokens = sum(r.num_prompt_tokens or 0 for r in ok)
@@ -89,6 +100,7 @@ def compute_metrics(records: list[RequestRecord], duration_s: float, cfg: Metric
         "output_throughput_tok_s": num_output_tokens / duration_s,
         "total_token_throughput_tok_s": (num_input_tokens + num_output_tokens) / duration_s,
         "max_in_flight": max_in_flight(records),
+        **routing_metrics(ok),
     }
     if cfg.goodput_slos_ms:
         num_good = sum(1 for r in ok if meets_slos(r, cfg.goodput_slos_ms))

@@ -19,6 +19,8 @@ class RequestRecord:
     http_status: int | None = None
     error: str | None = None  # failure kind, one of FAILURE_KINDS_DOC; None when the request succeeded
     error_detail: str | None = None
+    num_cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when the server reports it
+    replica: str | None = None  # the X-Pagedserve-Replica response header: the engine replica that served it
 
     @property
     def ok(self) -> bool:

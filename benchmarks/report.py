@@ -71,6 +71,10 @@ def run_table(run: dict) -> str:
         _row("Total token throughput (tok/s)", m["total_token_throughput_tok_s"]),
         _row("Max requests in flight", m["max_in_flight"]),
     ]
+    if m.get("cached_prompt_tokens_ratio") is not None:
+        lines.append(_row("Cached prompt tokens, from usage (%)", _percent(m["cached_prompt_tokens_ratio"])))
+    if m.get("requests_per_replica"):
+        lines.append(_row("Requests per replica", ", ".join(f"{k}: {v}" for k, v in m["requests_per_replica"].items())))
     if "request_goodput_rps" in m:
         lines.append(_row("Request goodput (req/s)", m["request_goodput_rps"]))
     for name in LATENCY_METRICS:

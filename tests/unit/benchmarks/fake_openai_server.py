@@ -20,6 +20,9 @@ class FakeState:
     reject_ignore_eos: bool = False  # answer 400 to bodies with ignore_eos, like a strict server
     reject_logit_bias: bool = False  # answer 500, as transformers serve did for integer biases
     send_usage: bool = True
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens of every answer, when set
+    replicas: tuple[str, ...] = ()  # X-Pagedserve-Replica of answers, in turn
+    num_streams: int = 0
     model_root: str | None = None  # /v1/models `root` of fake-model (pagedserve reports its model folder there)
     eos_first: bool = False  # without ignore_eos, answer with no text at all (a model that ends at once)
     chunk_delay_s: float = 0.002
@@ -78,9 +81,13 @@ class _Handler(BaseHTTPRequestHandler):
         chat = "messages" in body
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
         with self.state.lock:
             self.state.num_in_flight += 1
+            self.state.num_streams += 1
+            if self.state.replicas:
+                self.send_header("X-Pagedserve-Replica",
+                                 self.state.replicas[self.state.num_streams % len(self.state.replicas)])
+        self.end_headers()
         completed = False
         try:
             for i in range(num_chunks):
@@ -98,6 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if self.state.send_usage and body.get("stream_options", {}).get("include_usage"):
             usage = {"prompt_tokens": 7, "completion_tokens": num_chunks, "total_tokens": 7 + num_chunks}
+            if self.state.cached_tokens is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": self.state.cached_tokens}
             self._event({"choices": [], "usage": usage})
         self.wfile.write(b"data: [DONE]\n\n")
 

@@ -236,3 +236,20 @@ def test_error_object_inside_a_stream_is_a_stream_error():
         record = asyncio.run(send_one(EndpointConfig(base_url=server.base_url, model="m"), "ERR"))
     assert record.error == "stream_error" and "engine died" in record.error_detail
     assert record.http_status == 200 and len(record.chunk_times_s) == 1
+
+
+def test_cached_tokens_and_replicas_from_usage_and_headers(tmp_path, capsys):
+    """Routing quality without server metrics: the share of prompt tokens the server says it served from cache,
+    and which replica answered each request."""
+    state = FakeState(cached_tokens=5, replicas=("replica-0", "replica-1"), chunk_delay_s=0.001)
+    with FakeOpenAIServer(state) as server:
+        rc = main(serve_args(server.base_url, tmp_path, "--dataset-name", "random", "--random-input-len", "8",
+                             "--random-output-len", "2", "--num-prompts", "4", "--max-concurrency", "1",
+                             "--ignore-eos", "--result-filename", "r.json"))
+    assert rc == 0
+    metrics = json.loads((tmp_path / "r.json").read_text())["runs"][0]["metrics"]
+    assert metrics["cached_prompt_tokens_ratio"] == pytest.approx(5 / 7)
+    assert metrics["requests_per_replica"] == {"replica-0": 2, "replica-1": 2}
+    out = capsys.readouterr().out
+    assert "Cached prompt tokens, from usage (%):       71.4" in out
+    assert "Requests per replica:                       replica-0: 2, replica-1: 2" in out
