@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency \
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing \
 	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
@@ -122,6 +122,14 @@ bench-llama: model
 LATENCY_ARGS ?=
 bench-latency: model
 	$(PY) -m benchmarks.latency --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
+
+# Routing over replicas: the router's own cost in process (p99 target 1 ms at 8 replicas, 1,000-token prompts),
+# then prefix vs round-robin vs least-load on 2 local replicas with a shared-prefix workload (docs/replicas.md);
+# results in BENCH_OUT/routing. ROUTING_ARGS: e.g. --replicas 3 --num-prompts 128.
+ROUTING_ARGS ?=
+bench-routing: model redis-server
+	$(PY) -m benchmarks.routing.bench_router
+	$(PY) -m benchmarks.routing.compare --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT)/routing $(ROUTING_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)
