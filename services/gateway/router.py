@@ -99,7 +99,9 @@ class Router:
             self._follow()
         tokens = request.prompt_token_ids
         self._turn += 1
-        if self.config.policy == "prefix":
+        if len(live) == 1:  # nothing to choose: no hashing, no prediction
+            choice = Choice(0, 0, False)
+        elif self.config.policy == "prefix":
             choice = self._by_prefix(live, request)
         else:
             candidates = [Candidate(r.name, self.load_of(r), 0) for r in live]

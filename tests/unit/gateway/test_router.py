@@ -180,6 +180,25 @@ async def test_without_the_index_a_prefix_sticks_to_its_consistent_hash_owner(to
 
 
 @pytest.mark.asyncio
+async def test_one_live_replica_is_chosen_without_hashing_or_a_fallback(tokenizer, monkeypatch):
+    """A single engine (the plain `serve`, or the one replica left) pays nothing for routing."""
+    import services.gateway.router as router_module
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("hashed a prompt with one replica to choose from")
+
+    monkeypatch.setattr(router_module, "prompt_block_keys", no_hashing)
+    monkeypatch.setattr(router_module, "block_key", no_hashing)
+    mirror = FakeMirror()
+    mirror.connected = False
+    async with running(fake_replicas(FakeSchedulerClient(tokenizer, instance_id="only")), 1) as replicas:
+        router, metrics = make_router(replicas, "prefix", mirror)
+        assert (await run(router, request("r", list(range(100)))))[1] == ["only"]
+        assert metrics.fallbacks._value.get() == 0 and sample(metrics.predicted_cached_tokens, "only") == 0
+        assert sample(metrics.requests, "only") == 1
+
+
+@pytest.mark.asyncio
 async def test_health_takes_a_replica_out_and_brings_it_back(tokenizer):
     a, b = FakeSchedulerClient(tokenizer, instance_id="a"), FakeSchedulerClient(tokenizer, instance_id="b")
     async with running(fake_replicas(a, b), 2) as replicas:
