@@ -419,13 +419,30 @@ def check_commands(objects: list[dict]) -> list[str]:
                 problems.append(f"{where}: --worker-address {config.worker_address} is not its pod's worker")
             problems += _endpoint_problems(where, config.state.redis_url, service_ports)
         if module == "services.gateway":
-            host, port = config.scheduler_address.rsplit(":", 1)
-            schedulers = [c for (_, m), c in configs.items() if m == "services.scheduler"]
-            if int(port) not in service_ports.get(host, set()) or not any(
-                    s.scheduler_port == int(port) for s in schedulers):
-                problems.append(f"{where}: --scheduler-address {config.scheduler_address} reaches no scheduler")
+            problems += _gateway_problems(where, config, configs, services, service_ports)
     if len(model_dirs) > 1:
         problems.append(f"the model Job, init containers and services disagree on the model folder: {model_dirs}")
+    return problems
+
+
+def _gateway_problems(where: str, config, configs: dict, services: dict[str, dict],
+                      service_ports: dict[str, set[int]]) -> list[str]:
+    """Each --scheduler-address entry is a headless Service on the schedulers' port (one address per engine pod,
+    each a replica to route to); prefix routing reads the engines' indexes from a Redis Service."""
+    problems = []
+    schedulers = [c for (_, m), c in configs.items() if m == "services.scheduler"]
+    for target in config.scheduler_address.split(","):
+        host, port = target.strip().rsplit(":", 1)
+        if int(port) not in service_ports.get(host, set()) or not any(
+                s.scheduler_port == int(port) for s in schedulers):
+            problems.append(f"{where}: --scheduler-address {target} reaches no scheduler")
+        elif services[host]["spec"].get("clusterIP") != "None":
+            problems.append(f"{where}: --scheduler-address {target} is Service {host}, which is not headless: the "
+                            "gateway would see one replica")
+    if config.routing == "prefix":
+        if not config.redis_url:
+            problems.append(f"{where}: --routing prefix without --redis-url routes by hashing only")
+        problems += _endpoint_problems(where, config.redis_url, service_ports)
     return problems
 
 
@@ -452,7 +469,7 @@ def _endpoint_problems(where: str, url: str, service_ports: dict[str, set[int]])
 
 def check_network_policies(objects: list[dict]) -> list[str]:
     """Ingress is denied by default; only gateways reach the schedulers' gRPC; nothing reaches a worker's port
-    from outside its pod; only engines reach Redis."""
+    from outside its pod; only engines (its writers) and gateways (which route by it) reach Redis."""
     problems = []
     policies = list(by_kind(objects, "NetworkPolicy").values())
     if not any(p["spec"]["podSelector"] == {} and "Ingress" in p["spec"].get("policyTypes", []) and
@@ -491,8 +508,8 @@ def check_network_policies(objects: list[dict]) -> list[str]:
                     problems.append(f"{pod.name}: scheduler gRPC reachable from {sorted(sources)}, not gateways only")
                 if module == "services.gpu_worker" and sources:
                     problems.append(f"{pod.name}: worker port {port} reachable from {sorted(sources)}")
-                if component(pod) == "redis" and sources != {"engine"}:
-                    problems.append(f"{pod.name}: Redis reachable from {sorted(sources)}, not engines only")
+                if component(pod) == "redis" and sources != {"engine", "gateway"}:
+                    problems.append(f"{pod.name}: Redis reachable from {sorted(sources)}, not engines and gateways")
                 if module == "services.gateway" and port == 8000 and "*" not in sources:
                     problems.append(f"{pod.name}: clients cannot reach the gateway")
     return problems

@@ -80,3 +80,23 @@ def test_compose_config_resolves_and_connects(root, variant):
 def test_compose_publishes_on_every_interface_only_when_asked(root):
     config, _ = checks.compose_config(root, "gpu", env={"PAGEDSERVE_BIND_ADDRESS": "0.0.0.0"})
     assert {p["host_ip"] for p in config["services"]["gateway"]["ports"]} == {"0.0.0.0"}
+
+
+def test_engine_replicas_are_one_number_and_gateways_find_them_by_dns(root, rendered, tmp_path):
+    """The count in kustomization.yaml is the only thing that differs between 2 and 3 engine replicas: gateways
+    discover the engines through the headless Service, whatever their number."""
+    (engine,) = [o for o in rendered["gpu"] if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "engine"]
+    assert engine["spec"]["replicas"] == 2
+    scaled_root = copy_deploy_files(tmp_path)
+    kustomization = scaled_root / "deploy/k8s/base/kustomization.yaml"
+    text = kustomization.read_text()
+    assert text.count("count: 2") == 1
+    kustomization.write_text(text.replace("count: 2", "count: 3"))
+    scaled, problems = checks.render(scaled_root, "gpu")
+    assert problems == []
+    changed = [(a["kind"], a["metadata"]["name"]) for a, b in zip(rendered["gpu"], scaled, strict=True) if a != b]
+    assert changed == [("StatefulSet", "engine")]
+    (scaled_engine,) = [o for o in scaled if o["kind"] == "StatefulSet"]
+    assert scaled_engine["spec"]["replicas"] == 3 and {**scaled_engine["spec"], "replicas": 2} == engine["spec"]
+    (service,) = [o for o in rendered["gpu"] if o["kind"] == "Service" and o["metadata"]["name"] == "engine"]
+    assert service["spec"]["clusterIP"] == "None"

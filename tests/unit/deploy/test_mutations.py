@@ -70,6 +70,14 @@ MUTATIONS = [
     Mutation("misspelled field (schema)", K8S + "redis.yaml", "livenessProbe:", "livenesProbe:", "kubernetes-validate"),
     Mutation("scheduler pointed at another worker port", K8S + "engine.yaml", '"127.0.0.1:50061"',
              '"127.0.0.1:50062"', "is not its pod's worker"),
+    Mutation("engines behind a ClusterIP Service (gateways would see one replica)", K8S + "engine.yaml",
+             "  clusterIP: None\n", "", "not headless"),
+    Mutation("Redis closed to the gateways' routers", K8S + "network-policies.yaml",
+             "        - podSelector:\n            matchLabels:\n              app.kubernetes.io/name: pagedserve\n"
+             "              app.kubernetes.io/component: gateway\n      ports:\n        - port: 6379",
+             "      ports:\n        - port: 6379", "not engines and gateways"),
+    Mutation("prefix routing without the engines' indexes", K8S + "gateway.yaml",
+             ',\n                    "--redis-url", "redis://redis:6379/0"]', "]", "routes by hashing only"),
     Mutation("Dockerfile on an unpinned base image", "deploy/docker/Dockerfile", "FROM python:3.11.11-slim-bookworm",
              "FROM python:latest", "hadolint"),
 ]
