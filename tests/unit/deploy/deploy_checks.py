@@ -606,15 +606,17 @@ def _prometheus_targets(compose: dict, scheduler_metrics_port: int, gateway_port
 @functools.cache
 def metric_names() -> frozenset[str]:
     """Every metric name the services expose (as Prometheus sees them: counters with _total, histograms' series)."""
+    from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
     from services.gateway.metrics import GatewayMetrics
+    from services.gateway.router_metrics import RouterMetrics
     from services.scheduler.metrics import SchedulerMetrics
     from services.scheduler.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}
-    for metrics in (GatewayMetrics(), SchedulerMetrics(lambda: None)):
+    for metrics in (GatewayMetrics(), RouterMetrics(CollectorRegistry()), SchedulerMetrics(lambda: None)):
         for value in vars(metrics).values():
             if isinstance(value, MetricWrapperBase):
                 base = value._name
