@@ -24,12 +24,16 @@ class WorkerUnavailable(RuntimeError):
     """The worker failed or went away during a step; requests in flight are lost."""
 
 
+class RequestFailed(RuntimeError):
+    """The worker failed on this one request (numeric trouble, a sampler error); its step-mates went on."""
+
+
 _CODES = {
     "shared.sampling_params.SamplingParamsError": grpc.StatusCode.INVALID_ARGUMENT,
     "services.scheduler.scheduler.RequestRejected": grpc.StatusCode.INVALID_ARGUMENT,
     "services.grpc_errors.ServiceNotReady": grpc.StatusCode.UNAVAILABLE,
     "services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
-    "services.gpu_worker.worker.StepProtocolError": grpc.StatusCode.FAILED_PRECONDITION,
+    "services.grpc_errors.RequestFailed": grpc.StatusCode.INTERNAL,
 }
 
 

@@ -7,13 +7,14 @@ import time
 from dataclasses import dataclass, field
 
 from shared.sampling_params import SamplingParams
-from shared.step_protocol import TokenLogprobs
+from shared.step_protocol import FailedRequest, TokenLogprobs
 
 
 class FinishReason(enum.Enum):
     STOP = "stop"  # EOS or a stop token id (stop strings are the gateway's, it aborts on them)
     LENGTH = "length"  # max_tokens or the model's context limit
     ABORT = "abort"  # cancelled by the client or the gateway
+    ERROR = "error"  # the worker failed on this request alone (RequestOutput.error says why); never on the wire
 
 
 @dataclass
@@ -36,6 +37,7 @@ class RequestOutput:
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     num_output_tokens: int
+    error: FailedRequest | None = None  # set when the request failed (finish reason ERROR): the stream gets an error
 
     @property
     def finished(self) -> bool:

@@ -39,6 +39,7 @@ class StepInput:
     cached_requests: list[CachedRequest] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens computed this step
     finished_req_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted: drop the mirror
+    incarnation_id: str = ""  # the worker incarnation the block ids belong to; another one applies nothing
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -60,6 +61,15 @@ class TokenLogprobs:
     top_logprobs: list[float]
 
 
+@dataclass(frozen=True)
+class FailedRequest:
+    """A request the worker dropped on its own error; the rest of its step went on."""
+
+    req_id: str
+    message: str
+    invalid_argument: bool  # its parameters were wrong (the client's fault); False: the worker failed on it
+
+
 @dataclass
 class StepOutput:
     """Sampled tokens for the requests that reached the end of their known tokens this step."""
@@ -70,6 +80,8 @@ class StepOutput:
     forward_time_ns: int = 0  # time spent in the forward pass and sampling, for stats and tracing
     sample_time_ns: int = 0  # of forward_time_ns, the sampler's
     idle_time_ns: int = 0  # the worker's wait for this step since it finished its previous one (set by its server)
+    incarnation_id: str = ""  # the worker's; another than the step's means it restarted and applied nothing
+    failed: list[FailedRequest] = field(default_factory=list)  # dropped requests, none of them in req_ids
 
 
 @dataclass(frozen=True)
@@ -87,3 +99,4 @@ class ModelDescription:
     device: str
     attention_backend: str
     kv_cache_bytes: int
+    incarnation_id: str = ""  # new on every worker start (the KV pool starts empty)

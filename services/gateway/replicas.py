@@ -200,12 +200,11 @@ class ReplicaSet:
         except Exception as exc:  # retried at the next health check
             log.warning("replica at %s answered health but not identify/describe: %s", replica.address, exc)
             return False
-        if self.model is None:
-            self.model = replica.model
-        elif replica.model.model_name != self.model.model_name:
+        if self.model is not None and replica.model.model_name != self.model.model_name:
             log.error("replica %s at %s serves %s, not %s: left out", replica.name, replica.address,
                       replica.model.model_name, self.model.model_name)
             return False
+        self.model = replica.model  # the latest facts: a worker restarted behind it may serve another context
         log.info("replica %s at %s ready: %s (context %d, blocks of %d)", replica.name, replica.address,
                  replica.model.model_name, replica.model.max_model_len, replica.model.block_size)
         return True

@@ -49,9 +49,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         return 1
     description = servicer.worker.describe()
     set_serving(health_servicer, True)
-    log.info("worker ready: %s on %s, %d KV blocks of %d tokens (%.0f MiB), attention %s", description.model_name,
-             description.device, description.num_kv_blocks, description.block_size,
-             description.kv_cache_bytes / 1024**2, description.attention_backend)
+    log.info("worker ready: %s on %s, %d KV blocks of %d tokens (%.0f MiB), attention %s, incarnation %s",
+             description.model_name, description.device, description.num_kv_blocks, description.block_size,
+             description.kv_cache_bytes / 1024**2, description.attention_backend, description.incarnation_id)
     server.wait_for_termination()
     shutdown_tracing()
     log.info("worker stopped")

@@ -22,7 +22,7 @@ from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
 from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import ModelDescription, StepOutput
+from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +97,36 @@ class ModelRunner:
         return output
 
     def _sample(self, batch: ModelInput, logits: torch.Tensor) -> StepOutput:
+        """Sample every row that is due; a row with non-finite logits, or one the sampler fails on, fails its own
+        request alone (the batch is retried row by row only after an error)."""
         sampling_requests = [batch.requests[i] for i in batch.sample_indices]
         rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids, r.banned_token_ids)
                 for r in sampling_requests]
-        token_ids, logprobs = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
-        token_ids = token_ids.tolist()
-        for request, token_id in zip(sampling_requests, token_ids, strict=True):
-            request.token_ids.append(token_id)
-        return StepOutput(req_ids=[r.req_id for r in sampling_requests], sampled_token_ids=token_ids,
-                          logprobs=logprobs)
+        finite = torch.isfinite(logits.amax(dim=-1)).tolist()  # NaN and +inf propagate through amax
+        try:
+            token_ids, logprobs = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
+            results = list(zip(token_ids.tolist(), logprobs, strict=True))
+        except Exception:
+            log.exception("sampling a batch of %d rows failed: retrying row by row", len(rows))
+            results = [self._sample_row(logits[i:i + 1], row) for i, row in enumerate(rows)]
+        output = StepOutput()
+        for request, ok, result in zip(sampling_requests, finite, results, strict=True):
+            if not ok or isinstance(result, Exception):
+                reason = "non-finite logits" if not ok else f"sampling failed: {type(result).__name__}"
+                log.error("request %s failed in the worker: %s", request.req_id, reason)
+                output.failed.append(FailedRequest(request.req_id, reason, invalid_argument=False))
+                continue
+            request.token_ids.append(result[0])
+            output.req_ids.append(request.req_id)
+            output.sampled_token_ids.append(result[0])
+            output.logprobs.append(result[1])
+        return output
+
+    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> tuple[int, TokenLogprobs | None] | Exception:
+        try:
+            token_ids, logprobs = sample(logits, build_sampling_batch([row], self.model_config.vocab_size,
+                                                                      self.device))
+        except Exception as exc:
+            log.exception("sampling failed for one row")
+            return exc
+        return int(token_ids[0]), logprobs[0]

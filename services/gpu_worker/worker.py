@@ -1,39 +1,71 @@
-"""The worker's step entry point: applies the scheduler's deltas to its request mirrors, then runs the step."""
+"""The worker's step entry point: applies the scheduler's deltas to its request mirrors, then runs the step.
+
+Every Worker is a new incarnation with an empty KV pool: a step addressed to another incarnation (the scheduler's
+block ids belong to a worker that is gone) is answered with this incarnation's id and nothing else. A request the
+worker cannot run fails alone (`StepOutput.failed`); its step-mates go on.
+"""
 
 from __future__ import annotations
 
+import uuid
+from dataclasses import replace
+
 from services.gpu_worker.model_runner import ModelRunner
+from services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput
-
-
-class StepProtocolError(RuntimeError):
-    """The scheduler and the worker disagree about a request (a bug on one side, never user input)."""
+from shared.step_protocol import FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 
 
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.runner = ModelRunner(config)
         self.requests: dict[str, RequestState] = {}
+        self.incarnation_id = uuid.uuid4().hex  # new on every start: the KV pool starts empty
+        description = self.runner.describe()
+        self.limits = WorkerLimits(description.vocab_size, description.num_kv_blocks, description.max_model_len)
 
     def describe(self) -> ModelDescription:
-        return self.runner.describe()
+        return replace(self.runner.describe(), incarnation_id=self.incarnation_id)
 
     def execute_step(self, step: StepInput) -> StepOutput:
+        if step.incarnation_id and step.incarnation_id != self.incarnation_id:
+            return StepOutput(incarnation_id=self.incarnation_id)  # block ids of a worker that is gone: touch nothing
         for req_id in step.finished_req_ids:
             self.requests.pop(req_id, None)
+        failed = self._apply_deltas(step)
+        scheduled = {req_id: n for req_id, n in step.num_scheduled_tokens.items() if req_id not in failed}
+        for req_id in [r for r in scheduled if r not in self.requests]:
+            failed[req_id] = FailedRequest(req_id, "scheduled but unknown to the worker", invalid_argument=False)
+            del scheduled[req_id]
+        output = StepOutput()
+        if scheduled:
+            output = self.runner.run([self.requests[r] for r in scheduled], list(scheduled.values()))
+        for failure in output.failed:
+            self.requests.pop(failure.req_id, None)
+        output.failed = [*failed.values(), *output.failed]
+        output.incarnation_id = self.incarnation_id
+        return output
+
+    def _apply_deltas(self, step: StepInput) -> dict[str, FailedRequest]:
+        """Mirror new requests and extend cached ones; those that fail a check are dropped and returned."""
+        failed: dict[str, FailedRequest] = {}
         for new in step.new_requests:
-            self.requests[new.req_id] = self._mirror(new)
+            failure = check_new_request(new, self.limits)
+            if failure is None:
+                self.requests[new.req_id] = self._mirror(new)
+            else:
+                self.requests.pop(new.req_id, None)
+                failed[new.req_id] = failure
         for cached in step.cached_requests:
-            self._apply(cached)
-        if step.is_empty:
-            return StepOutput()
-        try:
-            scheduled = [self.requests[req_id] for req_id in step.num_scheduled_tokens]
-        except KeyError as exc:
-            raise StepProtocolError(f"request {exc.args[0]} scheduled but unknown to the worker") from None
-        return self.runner.run(scheduled, list(step.num_scheduled_tokens.values()))
+            state = self.requests.get(cached.req_id)
+            failure = check_cached_request(cached, state.num_computed_tokens if state else None, self.limits)
+            if failure is None:
+                state.block_ids.extend(cached.new_block_ids)
+            else:
+                self.requests.pop(cached.req_id, None)
+                failed[cached.req_id] = failure
+        return failed
 
     def _mirror(self, new: NewRequest) -> RequestState:
         """ignore_eos bans the model's EOS ids (as llama.cpp's server does): the answer runs to max_tokens as text,
@@ -43,12 +75,3 @@ class Worker:
         return RequestState(new.req_id, list(new.token_ids), new.num_prompt_tokens, new.sampling,
                             list(new.block_ids), new.num_computed_tokens, stops,
                             eos if new.sampling.ignore_eos else ())
-
-    def _apply(self, cached: CachedRequest) -> None:
-        state = self.requests.get(cached.req_id)
-        if state is None:
-            raise StepProtocolError(f"request {cached.req_id} sent as cached but unknown to the worker")
-        if state.num_computed_tokens != cached.num_computed_tokens:
-            raise StepProtocolError(f"request {cached.req_id}: worker computed {state.num_computed_tokens} tokens, "
-                                    f"scheduler says {cached.num_computed_tokens}")
-        state.block_ids.extend(cached.new_block_ids)

@@ -38,7 +38,8 @@ def description_to_pb(desc: ModelDescription) -> common_pb2.ModelDescription:
         model_name=desc.model_name, architecture=desc.architecture, max_model_len=desc.max_model_len,
         vocab_size=desc.vocab_size, num_kv_blocks=desc.num_kv_blocks, block_size=desc.block_size,
         eos_token_ids=list(desc.eos_token_ids), dtype=desc.dtype, device=desc.device,
-        attention_backend=desc.attention_backend, kv_cache_bytes=desc.kv_cache_bytes)
+        attention_backend=desc.attention_backend, kv_cache_bytes=desc.kv_cache_bytes,
+        incarnation_id=desc.incarnation_id)
 
 
 def description_from_pb(pb: common_pb2.ModelDescription) -> ModelDescription:
@@ -46,4 +47,5 @@ def description_from_pb(pb: common_pb2.ModelDescription) -> ModelDescription:
         model_name=pb.model_name, architecture=pb.architecture, max_model_len=pb.max_model_len,
         vocab_size=pb.vocab_size, num_kv_blocks=pb.num_kv_blocks, block_size=pb.block_size,
         eos_token_ids=tuple(pb.eos_token_ids), dtype=pb.dtype, device=pb.device,
-        attention_backend=pb.attention_backend, kv_cache_bytes=pb.kv_cache_bytes)
+        attention_backend=pb.attention_backend, kv_cache_bytes=pb.kv_cache_bytes,
+        incarnation_id=pb.incarnation_id)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from services.proto_gen import worker_pb2
-from shared.step_protocol import CachedRequest, NewRequest, StepInput, StepOutput
+from shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput, StepOutput
 
 
 def step_input_to_pb(step: StepInput, step_id: int = 0,
@@ -24,7 +24,8 @@ def step_input_to_pb(step: StepInput, step_id: int = 0,
         scheduled_req_ids=list(step.num_scheduled_tokens),
         num_scheduled_tokens=list(step.num_scheduled_tokens.values()),
         finished_req_ids=step.finished_req_ids,
-        step_id=step_id)
+        step_id=step_id,
+        incarnation_id=step.incarnation_id)
 
 
 def step_input_from_pb(pb: worker_pb2.StepRequest) -> StepInput:
@@ -36,7 +37,8 @@ def step_input_from_pb(pb: worker_pb2.StepRequest) -> StepInput:
         cached_requests=[CachedRequest(req_id=r.req_id, new_block_ids=list(r.new_block_ids),
                                        num_computed_tokens=r.num_computed_tokens) for r in pb.cached_requests],
         num_scheduled_tokens=dict(zip(pb.scheduled_req_ids, pb.num_scheduled_tokens, strict=True)),
-        finished_req_ids=list(pb.finished_req_ids))
+        finished_req_ids=list(pb.finished_req_ids),
+        incarnation_id=pb.incarnation_id)
 
 
 def traceparents_from_pb(pb: worker_pb2.StepRequest) -> dict[str, str]:
@@ -50,8 +52,11 @@ def step_output_to_pb(output: StepOutput) -> worker_pb2.StepReply:
         if lp is not None:
             token.logprobs.CopyFrom(logprobs_to_pb(lp))
         sampled.append(token)
+    failed = [worker_pb2.FailedRequest(req_id=f.req_id, message=f.message, invalid_argument=f.invalid_argument)
+              for f in output.failed]
     return worker_pb2.StepReply(sampled=sampled, forward_time_ns=output.forward_time_ns,
-                                sample_time_ns=output.sample_time_ns, idle_time_ns=output.idle_time_ns)
+                                sample_time_ns=output.sample_time_ns, idle_time_ns=output.idle_time_ns,
+                                incarnation_id=output.incarnation_id, failed=failed)
 
 
 def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
@@ -59,4 +64,6 @@ def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
         req_ids=[s.req_id for s in pb.sampled],
         sampled_token_ids=[s.token_id for s in pb.sampled],
         logprobs=[logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None for s in pb.sampled],
-        forward_time_ns=pb.forward_time_ns, sample_time_ns=pb.sample_time_ns, idle_time_ns=pb.idle_time_ns)
+        forward_time_ns=pb.forward_time_ns, sample_time_ns=pb.sample_time_ns, idle_time_ns=pb.idle_time_ns,
+        incarnation_id=pb.incarnation_id,
+        failed=[FailedRequest(f.req_id, f.message, f.invalid_argument) for f in pb.failed])

@@ -36,20 +36,22 @@ class CachedRequest(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id")
+    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id", "incarnation_id")
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
     scheduled_req_ids: _containers.RepeatedScalarFieldContainer[str]
     num_scheduled_tokens: _containers.RepeatedScalarFieldContainer[int]
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     step_id: int
-    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ...) -> None: ...
+    incarnation_id: str
+    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ...) -> None: ...
 
 class SampledToken(_message.Message):
     __slots__ = ("req_id", "token_id", "logprobs")
@@ -61,14 +63,28 @@ class SampledToken(_message.Message):
     logprobs: _common_pb2.TokenLogprobs
     def __init__(self, req_id: _Optional[str] = ..., token_id: _Optional[int] = ..., logprobs: _Optional[_Union[_common_pb2.TokenLogprobs, _Mapping]] = ...) -> None: ...
 
+class FailedRequest(_message.Message):
+    __slots__ = ("req_id", "message", "invalid_argument")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    INVALID_ARGUMENT_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    message: str
+    invalid_argument: bool
+    def __init__(self, req_id: _Optional[str] = ..., message: _Optional[str] = ..., invalid_argument: _Optional[bool] = ...) -> None: ...
+
 class StepReply(_message.Message):
-    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns")
+    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns", "incarnation_id", "failed")
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     forward_time_ns: int
     sample_time_ns: int
     idle_time_ns: int
-    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ...) -> None: ...
+    incarnation_id: str
+    failed: _containers.RepeatedCompositeFieldContainer[FailedRequest]
+    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[FailedRequest, _Mapping]]] = ...) -> None: ...

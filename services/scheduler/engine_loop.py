@@ -7,23 +7,30 @@ aborted request is dropped by `update_from_output`. The loop sleeps on an event 
 A step's outputs update the Scheduler at once but reach the streams' queues only once the next step's call has
 started: each woken stream then writes its chunk to the gateway while the worker computes, instead of all of them
 running before the call goes out (64 streams held every step's call back by about 10 ms).
+
+A lost worker (a failed or overdue step, a step reply from another worker incarnation, or the WorkerMonitor's
+report) fails every live request; the loop then waits for a worker, and a new incarnation or pool gets a fresh
+Scheduler (no block state, no prefix cache). Arrivals are refused while the scheduler is not ready (`Readiness`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 import grpc.aio
 from opentelemetry import trace
 
-from services.grpc_errors import WorkerUnavailable
+from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
+from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import Scheduler, SchedulerOutput
+from services.scheduler.scheduler import RequestRejected, Scheduler, SchedulerOutput
 from services.scheduler.worker_client import WorkerClient
+from services.scheduler.worker_monitor import same_worker
 from shared.request_io import GenerateRequest, RequestOutput
-from shared.step_protocol import StepInput, StepOutput
+from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
 from shared.tracing import get_tracer
 
 log = logging.getLogger(__name__)
@@ -37,15 +44,27 @@ class StateWriter(Protocol):
                          num_cached_tokens: int) -> None: ...
 
 
+def request_error(failure: FailedRequest) -> Exception:
+    """A worker-reported failure as the error its stream ends with (a 400 for the client's own parameters)."""
+    if failure.invalid_argument:
+        return RequestRejected(failure.message)
+    return RequestFailed(f"the worker failed on the request: {failure.message}")
+
+
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
-                 observer: RequestObserver | None = None, trace_step_interval: int = 0) -> None:
+                 observer: RequestObserver | None = None, trace_step_interval: int = 0,
+                 readiness: Readiness | None = None) -> None:
         self.scheduler = scheduler
         self.worker = worker
         self.state = state
         self.observer = observer or RequestObserver(None, scheduler.description.model_name)
         self.trace_step_interval = trace_step_interval  # every Nth step gets a span (linked to its requests); 0: none
-        self.ready = True  # False while the worker is lost and being waited for
+        self.readiness = readiness or Readiness()
+        self.recovering = False  # waiting for the worker to come back (the WorkerMonitor stands aside)
+        self.last_step_end_s = time.monotonic()
+        self._lost: WorkerUnavailable | None = None  # set when the worker is lost; the loop recovers next
+        self._lost_event = asyncio.Event()  # set with _lost: the step in flight is not waited for
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
         self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
         self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
@@ -55,14 +74,22 @@ class EngineLoop:
         self.num_steps = 0
 
     @property
+    def ready(self) -> bool:
+        return self.readiness.ready
+
+    @property
     def num_live_requests(self) -> int:
         return len(self._queues)
 
+    @property
+    def worker_description(self) -> ModelDescription:
+        return self.scheduler.description
+
     def add_request(self, request: GenerateRequest, span: trace.Span | None = None,
                     traceparent: str = "") -> asyncio.Queue[Item]:
-        """Queue a request; raises RequestRejected (or WorkerUnavailable while the worker is lost)."""
-        if not self.ready:
-            raise WorkerUnavailable("the worker is unavailable; retry later")
+        """Queue a request; raises RequestRejected, or ServiceNotReady while not ready (worker lost or not serving)."""
+        if not self.readiness.ready:
+            raise ServiceNotReady(self.readiness.reason)
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[request.req_id] = queue
@@ -83,6 +110,29 @@ class EngineLoop:
             self.observer.finished(req_id, "abort", request.num_prompt_tokens, request.num_output_tokens)
             self._wakeup.set()  # tell the worker to drop its mirror promptly
 
+    def fail_request(self, req_id: str, error: Exception) -> None:
+        """End a live request with an error on its stream; its blocks are free at once."""
+        queue = self._queues.get(req_id)
+        if queue is not None:
+            queue.put_nowait(error)
+            self._forget(req_id)
+            self.observer.forget(req_id)
+            if self.scheduler.abort_request(req_id):
+                self.state.request_finished(req_id, "error", 0, 0)
+            self._wakeup.set()
+
+    def fail_all(self, error: Exception) -> None:
+        for req_id in list(self._queues):
+            self.fail_request(req_id, error)
+
+    def worker_lost(self, error: WorkerUnavailable) -> None:
+        """Stop taking requests; the loop fails the live ones and waits for the worker (once, however often told)."""
+        if self._lost is None and not self.recovering:
+            self._lost = error
+            self.readiness.set(NotReady.WORKER_LOST)
+            self._lost_event.set()  # a step in flight is abandoned
+            self._wakeup.set()
+
     def _forget(self, req_id: str) -> bool:
         self._span_contexts.pop(req_id, None)
         self._traceparents.pop(req_id, None)
@@ -90,13 +140,15 @@ class EngineLoop:
 
     async def run(self) -> None:
         while True:
-            if not (self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids):
+            if self._lost is not None:
+                await self._recover(self._lost)
+            elif self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids:
+                await self.step()
+            else:
                 self._deliver()
                 self._wakeup.clear()
                 self._resumed = True
                 await self._wakeup.wait()
-                continue
-            await self.step()
 
     async def step(self) -> None:
         scheduled = self.scheduler.schedule()
@@ -117,7 +169,11 @@ class EngineLoop:
         else:
             output = await self._call_worker(step, traceparents)
         if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
-            await self._recover(output)
+            self.worker_lost(output)
+        elif self._lost is not None:
+            pass  # the worker was found lost while this step ran: its output is not trusted
+        elif output.incarnation_id != step.incarnation_id:  # it applied nothing: our block ids are not its own
+            self.worker_lost(WorkerUnavailable("the worker restarted; requests in flight were lost"))
         else:
             self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
                                                      output.idle_time_ns if back_to_back else 0)
@@ -132,16 +188,23 @@ class EngineLoop:
                         "num_scheduled_tokens": step.total_num_scheduled_tokens})
 
     async def _call_worker(self, step: StepInput, traceparents: dict[str, str]) -> StepOutput | WorkerUnavailable:
-        """The step on the worker; the last step's outputs go to their streams once the call is out."""
+        """The step on the worker; the last step's outputs go to their streams once the call is out. The call is
+        given up when it fails, passes its deadline (--step-progress-timeout-s) or the worker is found lost."""
         call = asyncio.ensure_future(self.worker.step(step, self.num_steps, traceparents))
+        lost = asyncio.ensure_future(self._lost_event.wait())
         try:
             await asyncio.sleep(0)  # the call's task runs (and starts the RPC) before any stream it would wake
             self._deliver()
-            return await call
+            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                return self._lost or WorkerUnavailable("the worker was lost during the step")
+            return call.result()
         except grpc.aio.AioRpcError as exc:
             return WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}")
         finally:
-            call.cancel()  # a no-op once done; else this loop is being cancelled (shutdown)
+            self.last_step_end_s = time.monotonic()
+            lost.cancel()
+            call.cancel()  # a no-op once done; else the call is abandoned (lost worker) or this loop is cancelled
 
     def _deliver(self) -> None:
         for queue, item in self._undelivered:
@@ -152,6 +215,12 @@ class EngineLoop:
         for out in self.scheduler.update_from_output(scheduled, output):
             queue = self._queues.get(out.req_id)
             if queue is None:
+                continue
+            if out.error is not None:
+                self._undelivered.append((queue, request_error(out.error)))
+                self._forget(out.req_id)
+                self.state.request_finished(out.req_id, "error", out.num_output_tokens, out.num_cached_tokens)
+                self.observer.finished(out.req_id, "error", out.num_prompt_tokens, out.num_output_tokens)
                 continue
             self._undelivered.append((queue, out))
             self.observer.produced(out)
@@ -165,17 +234,21 @@ class EngineLoop:
                                        out.num_output_tokens)
 
     async def _recover(self, error: WorkerUnavailable) -> None:
-        """Fail every live request, wait for the worker to return, and start over with a fresh scheduler."""
+        """Fail every live request, wait for the worker, and start over with a fresh scheduler."""
         log.error("%s; failing %d requests and waiting for the worker", error, len(self._queues))
-        self.ready = False
-        for req_id, queue in list(self._queues.items()):
-            queue.put_nowait(error)
-            self.observer.forget(req_id)
-            self.abort_request(req_id)
+        self.recovering, self._lost = True, None
+        self._lost_event.clear()
+        self._deliver()  # the last step's outputs reach their streams before the error does
+        self.fail_all(error)
+        old = self.scheduler.description
         description = await self.worker.wait_until_ready()
-        # the worker may have restarted with an empty KV cache: the old prefix index would serve garbage
-        lost_mirrors = self.scheduler.finished_req_ids
+        # a restarted worker has an empty KV pool: the old prefix index would serve garbage, old block ids may lie
+        # past its pool. The same incarnation still holds the mirrors of the requests just failed: drop them.
+        lost_mirrors = self.scheduler.finished_req_ids if same_worker(old, description) else []
         self.scheduler = Scheduler(self.scheduler.config, description)
-        self.scheduler.finished_req_ids = lost_mirrors  # a worker that did not restart still holds them
-        self.ready = True
-        log.info("worker at %s is back", self.worker.address)
+        self.scheduler.finished_req_ids = lost_mirrors
+        self.recovering = False
+        self.readiness.set(NotReady.WORKER_NOT_SERVING, False)
+        self.readiness.set(NotReady.WORKER_LOST, False)
+        log.info("worker at %s is back (incarnation %s, %d KV blocks of %d tokens)", self.worker.address,
+                 description.incarnation_id, description.num_kv_blocks, description.block_size)

@@ -16,7 +16,7 @@ scheduled again.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
@@ -24,7 +24,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.scheduler_stats import SchedulerCounters, SchedulerStats
 from services.scheduler.stop_checker import check_stop
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput
+from shared.step_protocol import CachedRequest, FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 
 
 class RequestRejected(ValueError):
@@ -75,9 +75,11 @@ class Scheduler:
                 f"the request needs up to {max_tokens} tokens of KV cache "
                 f"({self.kv.blocks_needed(max_tokens)} blocks) but the whole pool holds "
                 f"{description.num_kv_blocks * description.block_size} tokens ({description.num_kv_blocks} blocks)")
-        bad = [t for t in generate.prompt_token_ids if not 0 <= t < description.vocab_size]
-        if bad:
-            raise RequestRejected(f"token id {bad[0]} is out of the vocabulary (size {description.vocab_size})")
+        for what, token_ids in (("", generate.prompt_token_ids), ("logit_bias: ", generate.sampling.logit_bias),
+                                ("stop_token_ids: ", generate.sampling.stop_token_ids)):
+            bad = next((t for t in token_ids if not 0 <= t < description.vocab_size), None)
+            if bad is not None:
+                raise RequestRejected(f"{what}token id {bad} is out of the vocabulary (size {description.vocab_size})")
 
     def abort_request(self, req_id: str) -> bool:
         """Drop a request at any time; its blocks are free at once. False when it was unknown or finished."""
@@ -94,7 +96,7 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
-        step = StepInput(finished_req_ids=self.finished_req_ids)
+        step = StepInput(finished_req_ids=self.finished_req_ids, incarnation_id=self.description.incarnation_id)
         scheduled = SchedulerOutput(step)
         self.finished_req_ids = []
         preempted: list[Request] = []
@@ -210,11 +212,13 @@ class Scheduler:
 
     def update_from_output(self, scheduled: SchedulerOutput, output: StepOutput) -> list[RequestOutput]:
         """Index the blocks the step filled, append sampled tokens, apply stop conditions; one output per request
-        that sampled. Steps come back in the order they were scheduled."""
+        that sampled. Steps come back in the order they were scheduled. A request the worker failed finishes with
+        ERROR (its output carries the error), its blocks freed and none of this step's indexed."""
+        outputs = [self._fail(scheduled.requests[failure.req_id], failure) for failure in output.failed
+                   if self._live(scheduled, failure.req_id)]
         for request in scheduled.requests.values():
             if request.status is RequestStatus.RUNNING and self.requests.get(request.req_id) is request:
                 self.kv.cache_full_blocks(request)
-        outputs = []
         for req_id, token_id, logprobs in zip(output.req_ids, output.sampled_token_ids, output.logprobs,
                                               strict=True):
             request = scheduled.requests.get(req_id)
@@ -229,6 +233,16 @@ class Scheduler:
                 self._finish(request, reason)
             outputs.append(self._output(request, [logprobs]))
         return outputs
+
+    def _live(self, scheduled: SchedulerOutput, req_id: str) -> bool:
+        """Whether the request the step scheduled under this id is still the live one."""
+        request = scheduled.requests.get(req_id)
+        return request is not None and self.requests.get(req_id) is request
+
+    def _fail(self, request: Request, failure: FailedRequest) -> RequestOutput:
+        request.on_worker = False  # the worker dropped its mirror itself
+        self._finish(request, FinishReason.ERROR)
+        return replace(self._output(request, []), error=failure)
 
     def _output(self, request: Request, logprobs: list) -> RequestOutput:
         new_tokens = request.output_token_ids[request.num_outputs_reported:]

@@ -1,7 +1,8 @@
 """Runs the scheduler process: gRPC server and /metrics first, then the worker, the loop and Redis.
 
 Health: service "" is liveness (SERVING while the process and its loop run, whatever the worker does); the named
-service pagedserve.v1.SchedulerService is readiness (SERVING once the worker answered, NOT_SERVING when stopping).
+service pagedserve.v1.SchedulerService is readiness and follows `Readiness` (waiting for the worker, worker lost,
+hung or not serving, stopping).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import socket
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from services.grpc_errors import RequestFailed
 from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.metrics_server import start_metrics_server
+from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.redis_state import RedisStateWriter
 from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import Scheduler
@@ -27,26 +30,35 @@ from services.scheduler.scheduler_stats import redis_fields
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.service_config import SchedulerServiceConfig
 from services.scheduler.worker_client import WorkerClient
+from services.scheduler.worker_monitor import WorkerMonitor
 from shared.redis_url import masked_url
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.SchedulerService"
 
 
-async def _set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
-    """Readiness; liveness ("") is SERVING from the start."""
-    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-    await health_servicer.set(SERVICE_NAME, status)
+_SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _publish_readiness(readiness: Readiness, health_servicer: health.aio.HealthServicer) -> None:
+    """Keep the readiness health status equal to `readiness`, in the order it changed."""
+    while True:
+        ready = await readiness.wait_changed()
+        await health_servicer.set(SERVICE_NAME, _SERVING if ready else _NOT_SERVING)
+        log.log(logging.INFO if ready else logging.WARNING, "readiness: %s",
+                "SERVING" if ready else f"NOT_SERVING ({readiness.reason})")
 
 
 async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServicer, worker: WorkerClient,
-                        metrics: SchedulerMetrics, health_servicer: health.aio.HealthServicer, stop: asyncio.Event,
+                        metrics: SchedulerMetrics, readiness: Readiness, stop: asyncio.Event,
                         tasks: list[asyncio.Task]) -> None:
-    """Wait for the worker, then start the loop (and the Redis writer) into `tasks` and report SERVING."""
+    """Wait for the worker, then start the loop, its worker monitor (and the Redis writer) into `tasks`."""
     description = await worker.wait_until_ready()
     engine = EngineLoop(Scheduler(config.scheduler, description), worker, servicer.state,
-                        RequestObserver(metrics, description.model_name), config.trace_step_interval)
+                        RequestObserver(metrics, description.model_name), config.trace_step_interval, readiness)
     tasks.append(asyncio.create_task(_run_engine(engine, stop), name="engine-loop"))
+    monitor = WorkerMonitor(worker, engine, config.worker_probe_interval_s, config.worker_probe_timeout_s)
+    tasks.append(asyncio.create_task(monitor.run(), name="worker-monitor"))
     if config.state.redis_url:
         writer = RedisStateWriter(config.state, servicer.instance_id, lambda: redis_fields(servicer.snapshot(engine)),
                                   lambda: engine.scheduler.kv.prefix_index)
@@ -55,13 +67,13 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
         log.info("Redis state copy at %s under pagedserve:%s:*", masked_url(config.state.redis_url),
                  servicer.instance_id)
     servicer.engine = engine
-    await _set_serving(health_servicer, True)
+    readiness.set(NotReady.STARTING, False)
     policy = config.scheduler
-    log.info("scheduler ready: %s, %d KV blocks of %d tokens, context %d; max_num_seqs %d, "
+    log.info("scheduler ready: %s, %d KV blocks of %d tokens, context %d, worker incarnation %s; max_num_seqs %d, "
              "max_num_batched_tokens %d, prefix caching %s, chunked prefill %s", description.model_name,
-             description.num_kv_blocks, description.block_size, description.max_model_len, policy.max_num_seqs,
-             policy.max_num_batched_tokens, _on_off(policy.enable_prefix_caching),
-             _on_off(policy.enable_chunked_prefill))
+             description.num_kv_blocks, description.block_size, description.max_model_len,
+             description.incarnation_id, policy.max_num_seqs, policy.max_num_batched_tokens,
+             _on_off(policy.enable_prefix_caching), _on_off(policy.enable_chunked_prefill))
 
 
 def _on_off(enabled: bool) -> str:
@@ -74,6 +86,7 @@ async def _run_engine(engine: EngineLoop, stop: asyncio.Event) -> None:
         await engine.run()
     except Exception:
         log.exception("the engine loop crashed; stopping")
+        engine.fail_all(RequestFailed("the scheduler's engine loop crashed"))
         stop.set()
         raise
 
@@ -94,8 +107,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     servicer = SchedulerServicer(instance_id_of(config), bool(config.state.redis_url))
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
-    await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await _set_serving(health_servicer, False)
+    await health_servicer.set("", _SERVING)
+    await health_servicer.set(SERVICE_NAME, _NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{config.scheduler_host}:{config.scheduler_port}"
     bind_grpc_port(server, config.scheduler_host, config.scheduler_port, "the scheduler's gRPC server",
@@ -117,13 +130,14 @@ async def serve(config: SchedulerServiceConfig) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    worker = WorkerClient(config.worker_address, config.worker_step_timeout_s)
-    tasks: list[asyncio.Task] = []
-    startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, health_servicer, stop, tasks))
+    worker = WorkerClient(config.worker_address, config.step_progress_timeout_s)
+    readiness = Readiness(NotReady.STARTING)
+    tasks = [asyncio.create_task(_publish_readiness(readiness, health_servicer), name="readiness")]
+    startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, readiness, stop, tasks))
     startup.add_done_callback(lambda task: task.cancelled() or task.exception() is None or stop.set())
     await stop.wait()
     log.info("stopping (grace %.1fs)", config.grace_period_s)
-    await _set_serving(health_servicer, False)
+    await health_servicer.set(SERVICE_NAME, _NOT_SERVING)
     await server.stop(config.grace_period_s)  # streams in flight finish while the engine still runs
     for task in [startup, *tasks]:
         task.cancel()

@@ -27,15 +27,16 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
         self.engine: EngineLoop | None = None  # set once the worker answered
         self.state: RedisStateWriter | NullStateWriter = NullStateWriter()
 
-    def _ready(self) -> EngineLoop:
-        if self.engine is None or not self.engine.ready:
+    def _engine(self) -> EngineLoop:
+        """The engine once the worker first answered; Generate also needs it ready (EngineLoop.add_request)."""
+        if self.engine is None:
             raise ServiceNotReady("the scheduler is waiting for its worker")
         return self.engine
 
     @map_errors
     async def Generate(self, request: scheduler_pb2.GenerateRequest, context  # noqa: N802 - gRPC method name
                        ) -> AsyncIterator[scheduler_pb2.GenerateChunk]:
-        engine = self._ready()
+        engine = self._engine()
         generate = generate_request_from_pb(request)
         span = get_tracer().start_span(
             "scheduler.generate", context=incoming_context(context.invocation_metadata()), kind=SpanKind.SERVER,
@@ -73,7 +74,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
 
     @map_errors
     async def Describe(self, request, context) -> common_pb2.ModelDescription:  # noqa: N802
-        return description_to_pb(self._ready().scheduler.description)
+        return description_to_pb(self._engine().scheduler.description)
 
     @map_errors
     async def Identify(self, request, context) -> scheduler_pb2.SchedulerIdentity:  # noqa: N802
@@ -81,7 +82,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
                                                publishes_prefix_blocks=self.publishes_prefix_blocks)
 
     def stats(self) -> SchedulerStats:
-        return self.snapshot(self._ready())
+        return self.snapshot(self._engine())
 
     def snapshot(self, engine: EngineLoop) -> SchedulerStats:
         """The scheduler's snapshot with its Redis writer's counters filled in (also while the worker is lost)."""

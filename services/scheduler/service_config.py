@@ -21,7 +21,9 @@ class SchedulerServiceConfig:
     metrics_port: int = 0  # HTTP port of this scheduler's Prometheus /metrics (8001 under `serve`); 0: none
     worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker
     instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
-    worker_step_timeout_s: float = 300.0  # a step slower than this counts as a lost worker
+    step_progress_timeout_s: float = 120.0  # a step running longer means a hung worker: its requests fail, not ready
+    worker_probe_interval_s: float = 1.0  # how often the worker's health and incarnation are checked
+    worker_probe_timeout_s: float = 5.0  # a probe unanswered this long (no step finishing meanwhile) is a lost worker
     grace_period_s: float = 5.0  # on SIGTERM, how long streams in flight may take to finish
     trace_step_interval: int = 100  # every Nth engine step gets a trace of its own, linked to its requests; 0: none
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
 from services.proto_gen import common_pb2, worker_pb2_grpc
+from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
 from shared.step_protocol import ModelDescription, StepInput, StepOutput
 from shared.tracing import outgoing_metadata
 
@@ -50,6 +51,17 @@ class WorkerClient:
                 next_log_s = time.monotonic() + log_interval_s
             await asyncio.sleep(backoff_s)
             backoff_s = min(backoff_s * 2, max_backoff_s)
+
+    async def probe(self, timeout_s: float) -> WorkerProbe:
+        """The worker's readiness and, when it serves, its description (incarnation and pool); never raises."""
+        try:
+            reply = await self.health.Check(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=timeout_s)
+            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                return WorkerProbe(WorkerStatus.NOT_SERVING)
+            description = await self.stub.Describe(common_pb2.DescribeRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return WorkerProbe(WorkerStatus.UNREACHABLE, detail=exc.code().name)
+        return WorkerProbe(WorkerStatus.SERVING, description_from_pb(description))
 
     async def step(self, step: StepInput, step_id: int, traceparents: Mapping[str, str]) -> StepOutput:
         """Raises grpc.aio.AioRpcError when the worker fails or is unreachable."""

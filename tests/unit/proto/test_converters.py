@@ -24,7 +24,15 @@ from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
 from services.scheduler.scheduler_stats import STATS_FIELDS, SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
-from shared.step_protocol import CachedRequest, ModelDescription, NewRequest, StepInput, StepOutput, TokenLogprobs
+from shared.step_protocol import (
+    CachedRequest,
+    FailedRequest,
+    ModelDescription,
+    NewRequest,
+    StepInput,
+    StepOutput,
+    TokenLogprobs,
+)
 
 PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
                         presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
@@ -64,7 +72,8 @@ def test_step_input_round_trip_keeps_batch_order():
         new_requests=[NewRequest("b", [1, 2, 3], 2, PARAMS, [7, 8], 0)],
         cached_requests=[CachedRequest("a", [9], 16)],
         num_scheduled_tokens={"b": 3, "a": 1},
-        finished_req_ids=["z"])
+        finished_req_ids=["z"],
+        incarnation_id="w-1")
     pb = step_input_to_pb(step, step_id=4, traceparents={"b": "00-abc-def-01"})
     wire = worker_pb2.StepRequest.FromString(pb.SerializeToString())
     assert step_input_from_pb(wire) == step
@@ -74,7 +83,8 @@ def test_step_input_round_trip_keeps_batch_order():
 
 def test_step_output_round_trip_with_and_without_logprobs():
     output = StepOutput(req_ids=["a", "b"], sampled_token_ids=[3, 4], logprobs=[LOGPROBS, None], forward_time_ns=12,
-                        sample_time_ns=3, idle_time_ns=7)
+                        sample_time_ns=3, idle_time_ns=7, incarnation_id="w-1",
+                        failed=[FailedRequest("c", "bad id", True), FailedRequest("d", "nan", False)])
     assert step_output_from_pb(step_output_to_pb(output)) == output
 
 
@@ -90,7 +100,7 @@ def test_generate_request_and_chunks_round_trip():
 
 def test_description_and_stats_round_trip():
     description = ModelDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
-                                    268369920)
+                                    268369920, incarnation_id="w-1")
     assert description_from_pb(description_to_pb(description)) == description
     values = {f.name: (index % 2 == 0) if f.type == "bool" else (index + 0.5 if f.type == "float" else index + 1)
               for index, f in enumerate(STATS_FIELDS) if f.name != "num_finished"}

@@ -39,7 +39,8 @@ def describe(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256
     return ModelDescription(model_name="fake", architecture="FakeForCausalLM", max_model_len=max_model_len,
                              vocab_size=vocab_size, num_kv_blocks=num_blocks, block_size=block_size,
                              eos_token_ids=(eos_token_id,), dtype="float32", device="cpu",
-                             attention_backend="fake", kv_cache_bytes=num_blocks * block_size)
+                             attention_backend="fake", kv_cache_bytes=num_blocks * block_size,
+                             incarnation_id="fake-incarnation")
 
 
 @dataclass

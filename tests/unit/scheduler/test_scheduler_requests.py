@@ -9,6 +9,7 @@ import pytest
 
 from services.scheduler.scheduler import RequestRejected
 from shared.request_io import FinishReason
+from shared.step_protocol import FailedRequest
 from tests.unit.scheduler.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, req_ids
 
@@ -179,11 +180,14 @@ def test_a_finished_id_can_be_reused():
                             "28 tokens (7 blocks)"),
     ([1, 2, 97], 4, "token id 97 is out of the vocabulary (size 97)"),
     ([1, -1], 4, "token id -1 is out of the vocabulary (size 97)"),
+    ([1, 2], {"logit_bias": {97: 1.0}}, "logit_bias: token id 97 is out of the vocabulary (size 97)"),
+    ([1, 2], {"stop_token_ids": (5, 200)}, "stop_token_ids: token id 200 is out of the vocabulary (size 97)"),
 ])
 def test_requests_that_can_never_run_are_rejected_with_the_reason(prompt, max_tokens, message):
     h = Harness(make_config(), describe(num_blocks=7, block_size=4, max_model_len=32))
+    sampling = max_tokens if isinstance(max_tokens, dict) else {"max_tokens": max_tokens}
     with pytest.raises(RequestRejected) as info:
-        h.scheduler.add_request(gen("r", prompt, max_tokens=max_tokens))
+        h.scheduler.add_request(gen("r", prompt, **sampling))
     assert str(info.value) == message
     assert h.scheduler.requests == {}
     assert not h.scheduler.has_unfinished_requests()
@@ -205,4 +209,30 @@ def test_duplicate_request_id_is_rejected():
         h.scheduler.add_request(gen("a", [3, 4]))
     assert req_ids(h.scheduler.waiting) == ["a"]
     h.run()
+    h.kv.check_integrity()
+
+
+# --- failures the worker reports ---------------------------------------------------------------------------
+
+def test_a_request_the_worker_failed_ends_alone_with_its_error_and_its_blocks_free():
+    h = Harness(make_config(enable_prefix_caching=True), describe(num_blocks=32))
+    h.add(gen("ok", list(range(1, 10)), max_tokens=3))
+    h.add(gen("bad", list(range(20, 30)), max_tokens=3))
+    scheduled = h.schedule()
+    assert scheduled.step_input.incarnation_id == h.description.incarnation_id
+    output = h.worker.execute_step(scheduled.step_input)
+    index = output.req_ids.index("bad")
+    for name in ("req_ids", "sampled_token_ids", "logprobs"):
+        del getattr(output, name)[index]
+    failure = FailedRequest("bad", "non-finite logits", invalid_argument=False)
+    output.failed = [failure]
+    outputs = h.feed(scheduled, output)
+    assert [(o.req_id, o.finish_reason, o.error) for o in outputs] == [
+        ("bad", FinishReason.ERROR, failure), ("ok", None, None)]
+    assert h.kv.blocks_of.keys() == {"ok"} and "bad" not in h.scheduler.requests
+    assert len(h.kv.prefix_index) == 2  # ok's two full blocks; bad's two were computed but not indexed
+    h.run()
+    assert h.streams["ok"].finish_reason is FinishReason.LENGTH and len(h.streams["ok"].token_ids) == 3
+    assert all("bad" not in step.finished_req_ids for step in h.worker.steps)  # the worker dropped it itself
+    assert h.scheduler.snapshot_stats().num_finished == {"error": 1, "length": 1}
     h.kv.check_integrity()

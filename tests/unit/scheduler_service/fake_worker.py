@@ -1,18 +1,27 @@
-"""A worker stand-in for the engine loop: mirrors requests like the real one and samples a fixed token."""
+"""A worker stand-in for the engine loop: mirrors requests like the real one and samples a fixed token.
+
+It can restart (a new incarnation, maybe with another pool), fail or hang its next step, and answer probes.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 import grpc.aio
 
-from shared.step_protocol import ModelDescription, StepInput, StepOutput
+from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
+from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
 
 SAMPLED_TOKEN = 7
 DESCRIPTION = ModelDescription(model_name="fake", architecture="LlamaForCausalLM", max_model_len=256, vocab_size=100,
                                 num_kv_blocks=32, block_size=4, eos_token_ids=(2,), dtype="float32", device="cpu",
-                                attention_backend="torch", kv_cache_bytes=1)
+                                attention_backend="torch", kv_cache_bytes=1, incarnation_id="first")
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
 class FakeWorkerClient:
@@ -20,28 +29,56 @@ class FakeWorkerClient:
 
     def __init__(self, step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s
+        self.description = DESCRIPTION
         self.mirrors: dict[str, list[int]] = {}  # req_id -> [num known tokens, num computed tokens]
         self.steps: list[StepInput] = []
         self.fail_next_step = False
         self.num_describes = 0
+        self.status = WorkerStatus.SERVING  # what probes see
+        self.back = asyncio.Event()  # wait_until_ready returns once set
+        self.back.set()
+        self.failures: dict[str, FailedRequest] = {}  # req_id -> how the worker fails it when scheduled
+        self.hang = asyncio.Event()  # steps wait while it is set (a stopped worker)
+        self.hung_steps = 0
+
+
+    def restart(self, **changes) -> None:
+        """A new incarnation with an empty pool: every mirror is gone."""
+        self.description = dataclasses.replace(self.description, incarnation_id=self.description.incarnation_id + "+",
+                                               **changes)
+        self.mirrors.clear()
 
     async def wait_until_ready(self) -> ModelDescription:
+        await self.back.wait()
         self.num_describes += 1
-        return DESCRIPTION
+        return self.description
+
+    async def probe(self, timeout_s: float) -> WorkerProbe:
+        if self.status is WorkerStatus.SERVING:
+            return WorkerProbe(self.status, self.description)
+        return WorkerProbe(self.status, detail="DEADLINE_EXCEEDED")
 
     async def step(self, step: StepInput, step_id: int, traceparents: dict[str, str]) -> StepOutput:
         self.steps.append(step)
         await asyncio.sleep(self.step_delay_s)
+        if self.hang.is_set():
+            self.hung_steps += 1
+            await asyncio.Event().wait()  # never answers; the engine must give up on it
         if self.fail_next_step:
             self.fail_next_step = False
-            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                                       "connection refused")
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        if step.incarnation_id != self.description.incarnation_id:
+            return StepOutput(incarnation_id=self.description.incarnation_id)
         for req_id in step.finished_req_ids:
             self.mirrors.pop(req_id, None)
         for new in step.new_requests:
             self.mirrors[new.req_id] = [len(new.token_ids), new.num_computed_tokens]
-        output = StepOutput()
+        output = StepOutput(incarnation_id=self.description.incarnation_id)
         for req_id, num in step.num_scheduled_tokens.items():
+            if req_id in self.failures:
+                output.failed.append(self.failures.pop(req_id))
+                del self.mirrors[req_id]
+                continue
             mirror = self.mirrors[req_id]
             mirror[1] += num
             if mirror[1] == mirror[0]:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.gpu_worker.worker import StepProtocolError
-from services.grpc_errors import ServiceNotReady, WorkerUnavailable, map_errors, status_code_of
+from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable, map_errors, status_code_of
 from services.scheduler.scheduler import RequestRejected
 from shared.sampling_params import SamplingParamsError
 
@@ -16,7 +15,7 @@ from shared.sampling_params import SamplingParamsError
     (RequestRejected("too long"), grpc.StatusCode.INVALID_ARGUMENT),
     (ServiceNotReady("loading"), grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailable("gone"), grpc.StatusCode.UNAVAILABLE),
-    (StepProtocolError("mismatch"), grpc.StatusCode.FAILED_PRECONDITION),
+    (RequestFailed("nan"), grpc.StatusCode.INTERNAL),
     (KeyError("x"), grpc.StatusCode.INTERNAL),
 ])
 def test_status_codes(exc, code):
