@@ -19,6 +19,7 @@ from services.gateway.chat import create_chat_completion, template_args
 from services.gateway.completions import create_completion
 from services.gateway.cors import add_cors
 from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
+from services.gateway.openapi_schema import install_openapi
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from services.gateway.serving import Serving
 
@@ -57,6 +58,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     config = serving.config
     add_cors(app, config.allowed_origins, config.allowed_methods, config.allowed_headers, config.allow_credentials)
     _add_routes(app, serving)
+    install_openapi(app, config.max_num_choices, lambda: serving.description, api_key=bool(config.api_key))
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
