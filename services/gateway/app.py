@@ -35,9 +35,11 @@ def _version() -> str:
 
 
 def request_id(request: Request) -> str:
-    """The client's X-Request-Id when it is safe to use, else a fresh one: the req_id in every service."""
+    """The client's X-Request-Id when it is safe to use, else a fresh one: the req_id in every service. Kept in
+    `request.state.req_id` for the error handlers (a 500 names it)."""
     given = request.headers.get("x-request-id", "")
-    return given if _REQ_ID.match(given) else uuid.uuid4().hex
+    request.state.req_id = given if _REQ_ID.match(given) else uuid.uuid4().hex
+    return request.state.req_id
 
 
 def create_app(serving: Serving, instrument: bool = False) -> FastAPI:

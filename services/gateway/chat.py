@@ -70,7 +70,7 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         served_by: list[str] = []
         stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
                                             serving.admission)
-        events = sse_events(stream.deltas, head, to_chunk, usage_chunk)
+        events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
         return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
                                   replica_header(served_by))
     served_by = []

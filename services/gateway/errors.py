@@ -93,7 +93,15 @@ def _retry_after_s(exc: grpc.aio.AioRpcError) -> int | None:
     return None
 
 
-def to_openai_error(exc: BaseException) -> OpenAIError:
+def internal_error(req_id: str | None) -> OpenAIError:
+    """What a client sees of a failure inside the server: no exception text, the request id to quote."""
+    where = f" (request id {req_id})" if req_id else ""
+    return OpenAIError(500, f"The server had an error while processing your request{where}; the details are in "
+                            "the server's log.", code="internal_error")
+
+
+def to_openai_error(exc: BaseException, req_id: str | None = None) -> OpenAIError:
+    """`req_id` names the request in the message of a 500, whose details go to the log only."""
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, SamplingParamsError):
@@ -102,6 +110,9 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return _from_validation(exc)
     if isinstance(exc, grpc.aio.AioRpcError):
         status = _GRPC_TO_HTTP.get(exc.code(), 500)
+        if status == 500:  # INTERNAL, UNKNOWN, UNAUTHENTICATED (a token mismatch between services), ...
+            log.error("request %s: the scheduler call failed: %s: %s", req_id, exc.code().name, exc.details())
+            return internal_error(req_id)
         message = exc.details() or exc.code().name
         code = {429: "rate_limit_exceeded", 503: "service_unavailable"}.get(status)
         if status == 503:
@@ -110,8 +121,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
     if isinstance(exc, StarletteHTTPException):
         code = "request_too_large" if exc.status_code == 413 else None
         return OpenAIError(exc.status_code, str(exc.detail), code=code)
-    log.exception("unexpected error", exc_info=exc)
-    return OpenAIError(500, f"internal server error: {type(exc).__name__}")
+    log.error("request %s: unexpected error", req_id, exc_info=exc)
+    return internal_error(req_id)
 
 
 class ErrorJSONResponse(JSONResponse):
@@ -121,8 +132,9 @@ class ErrorJSONResponse(JSONResponse):
         return json.dumps(content, separators=(",", ":")).encode("ascii")
 
 
-def error_response(exc: BaseException, headers: dict[str, str] | None = None) -> JSONResponse:
-    error = to_openai_error(exc)
+def error_response(exc: BaseException, headers: dict[str, str] | None = None, req_id: str | None = None
+                   ) -> JSONResponse:
+    error = to_openai_error(exc, req_id)
     return ErrorJSONResponse(error.body(), status_code=error.status, headers={**error.headers, **(headers or {})})
 
 
@@ -151,13 +163,13 @@ class ErrorBoundary:
         except Exception as exc:
             if started:
                 raise
-            await error_response(exc)(scope, receive, send)
+            await error_response(exc, req_id=scope.get("state", {}).get("req_id"))(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         headers = exc.headers if isinstance(exc, StarletteHTTPException) else None  # e.g. a 405's Allow
-        return error_response(exc, headers)
+        return error_response(exc, headers, getattr(request.state, "req_id", None))
 
     for exc_type in (OpenAIError, SamplingParamsError, RequestValidationError, grpc.aio.AioRpcError,
                      StarletteHTTPException, Exception):

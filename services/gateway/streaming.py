@@ -223,16 +223,16 @@ def sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-def sse_error(exc: BaseException) -> str:
+def sse_error(exc: BaseException, req_id: str | None = None) -> str:
     """The error event: ASCII-escaped, since its message may quote the client's input."""
-    return f"data: {json.dumps(to_openai_error(exc).body())}\n\n"
+    return f"data: {json.dumps(to_openai_error(exc, req_id).body())}\n\n"
 
 
 SSE_DONE = "data: [DONE]\n\n"
 
 
 async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_chunk: Callable[[ChoiceDelta], dict],
-                     usage_chunk: Callable[[dict], dict] | None) -> AsyncIterator[str]:
+                     usage_chunk: Callable[[dict], dict] | None, req_id: str | None = None) -> AsyncIterator[str]:
     """`head` chunks, one chunk per delta, the usage chunk when asked, then [DONE]; errors as an error event."""
     for chunk in head:
         yield sse(chunk)
@@ -243,7 +243,7 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_ch
                 tracker.add(delta)
                 yield sse(to_chunk(delta))
     except Exception as exc:  # the status line is gone: report in the stream, as OpenAI does
-        yield sse_error(exc)
+        yield sse_error(exc, req_id)
     else:
         if usage_chunk is not None:
             yield sse(usage_chunk(tracker.usage()))

@@ -151,6 +151,21 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event(tokenizer):
     assert "choices" in chunks[1] and chunks[-1]["error"]["message"] == "the scheduler is unavailable: worker lost"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("fail_after", [0, 2])
+def test_an_internal_failure_shows_the_request_id_never_the_exception(tokenizer, stream, fail_after):
+    details = "internal error: IndexError: index 99999 is out of bounds for dimension 1 with size 49152"
+    with gateway(tokenizer) as (client, fake):
+        fake.fail_after = (fail_after, _rpc_error(grpc.StatusCode.INTERNAL, details))
+        response = client.post("/v1/chat/completions", json={**CHAT, "stream": stream},
+                               headers={"X-Request-Id": "req-internal-1"})
+    streamed = stream and fail_after > 0  # the status line went out with the first tokens
+    assert response.status_code == (200 if streamed else 500)
+    error = sse_chunks(response)[-1]["error"] if streamed else response.json()["error"]
+    assert (error["type"], error["code"]) == ("server_error", "internal_error")
+    assert "req-internal-1" in error["message"] and "IndexError" not in response.text and "99999" not in response.text
+
+
 def test_malformed_json_is_400(tokenizer):
     with gateway(tokenizer) as (client, _):
         response = client.post("/v1/chat/completions", content=b'{"messages": [', headers={

@@ -18,12 +18,19 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 @pytest.mark.parametrize(("code", "status"), [
     (grpc.StatusCode.INVALID_ARGUMENT, 400), (grpc.StatusCode.UNAVAILABLE, 503),
     (grpc.StatusCode.DEADLINE_EXCEEDED, 504), (grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
-    (grpc.StatusCode.INTERNAL, 500), (grpc.StatusCode.UNKNOWN, 500),
 ])
 def test_grpc_status_codes_map_to_http(code, status):
     error = to_openai_error(rpc_error(code, "details here"))
     assert error.status == status
     assert "details here" in error.message
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAUTHENTICATED])
+def test_internal_failures_are_500_with_the_request_id_and_no_details(code, caplog):
+    error = to_openai_error(rpc_error(code, "internal error: IndexError: index 99999 is out of bounds"), "req-42")
+    assert (error.status, error.error_type, error.code) == (500, "server_error", "internal_error")
+    assert "req-42" in error.message and "IndexError" not in error.message and "99999" not in error.message
+    assert "IndexError: index 99999" in caplog.text and "req-42" in caplog.text  # the details go to the log
 
 
 def test_body_has_exactly_openais_fields():
@@ -45,6 +52,6 @@ def test_validation_errors_name_the_field_and_are_400():
 
 
 def test_unexpected_exceptions_are_500_without_internals():
-    error = to_openai_error(KeyError("secret"))
+    error = to_openai_error(KeyError("secret"), "req-7")
     assert (error.status, error.error_type) == (500, "server_error")
-    assert "secret" not in error.message
+    assert "secret" not in error.message and "KeyError" not in error.message and "req-7" in error.message
