@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,10 @@ def parse_serve_config(argv: Sequence[str] | None, prog: str | None = None,
         parser.error(str(exc))
     explicit = frozenset(name for name in service_fields() if name in given or env_name(name) in environ)
     config = ServeConfig(launcher, services, given, explicit)
+    if not config.scheduler.internal_token:  # a random one: the services' gRPC ports then serve only each other
+        token = secrets.token_urlsafe(32)
+        config = dataclasses.replace(config, given={**given, "internal_token": token}, services={
+            name: _replaced(service, {"internal_token": token}) for name, service in services.items()})
     return with_ports(config, config.scheduler.scheduler_port, config.worker.worker_port)
 
 
@@ -163,8 +168,8 @@ def child_command(config: ServeConfig, service: str) -> list[str]:
 
 def child_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str, str]:
     """The children's environment: ours, unbuffered output, and secrets given as flags (never on a command line)."""
-    secrets = {env_name(name): value for name, value in config.given.items() if is_secret(name)}
-    return {**base, "PYTHONUNBUFFERED": "1", **secrets}
+    hidden = {env_name(name): value for name, value in config.given.items() if is_secret(name)}
+    return {**base, "PYTHONUNBUFFERED": "1", **hidden}
 
 
 def is_secret(name: str) -> bool:

@@ -41,7 +41,8 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     if not tokenizer.has_chat_template:
         logging.getLogger("pagedserve.gateway").warning("%s", NO_TEMPLATE)
     replicas = ReplicaSet(parse_targets(config.scheduler_address),
-                          lambda address: SchedulerClient(address, config.scheduler_timeout_s, config.health_timeout_s),
+                          lambda address: SchedulerClient(address, config.scheduler_timeout_s, config.health_timeout_s,
+                                                          config.internal_token),
                           config.health_poll_interval_s, config.scheduler_resolve_interval_s)
     mirror = PrefixMirror(config.redis_url) if config.redis_url and config.routing == "prefix" else None
     serving = Serving(config, tokenizer, replicas, load_generation_defaults(config.model_dir), mirror=mirror)

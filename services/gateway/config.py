@@ -29,6 +29,7 @@ class GatewayConfig:
     redis_url: str = ""  # the Redis the schedulers publish prefix indexes and load to; empty: prefix routing hashes
     routing_load_cost_tokens: int = 128  # prefix routing: prompt tokens one request queued on a replica is worth
     routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
+    internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's

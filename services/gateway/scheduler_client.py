@@ -10,6 +10,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.replicas import Health, ReplicaIdentity
+from services.internal_auth import token_metadata
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.scheduler_contract import generate_request_to_pb, output_from_chunk, stats_from_pb
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -25,10 +26,12 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_recon
 
 
 class SchedulerClient:
-    def __init__(self, address: str, timeout_s: float, health_timeout_s: float | None = None) -> None:
+    def __init__(self, address: str, timeout_s: float, health_timeout_s: float | None = None,
+                 internal_token: str = "") -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.health_timeout_s = timeout_s if health_timeout_s is None else health_timeout_s
+        self.auth = token_metadata(internal_token)  # every call but health carries it
         self.channel: grpc.aio.Channel | None = None
         self._calls: set[grpc.aio.UnaryStreamCall] = set()  # open Generate calls
         self._abandoned: set[grpc.aio.UnaryStreamCall] = set()  # of those, cancelled by abandon_calls
@@ -42,7 +45,7 @@ class SchedulerClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs until it finishes. Closing the iterator early cancels the call, which aborts the
         request in the scheduler and frees its blocks. Raises grpc.aio.AioRpcError."""
-        call = self.stub.Generate(generate_request_to_pb(request), metadata=outgoing_metadata())
+        call = self.stub.Generate(generate_request_to_pb(request), metadata=(*outgoing_metadata(), *self.auth))
         self._calls.add(call)
         try:
             async for chunk in call:
@@ -74,14 +77,16 @@ class SchedulerClient:
         return Health.SERVING if reply.status == health_pb2.HealthCheckResponse.SERVING else Health.NOT_SERVING
 
     async def describe(self) -> ModelDescription:
-        return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=self.timeout_s))
+        return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=self.timeout_s,
+                                                            metadata=self.auth))
 
     async def identify(self) -> ReplicaIdentity:
-        reply = await self.stub.Identify(scheduler_pb2.IdentifyRequest(), timeout=self.timeout_s)
+        reply = await self.stub.Identify(scheduler_pb2.IdentifyRequest(), timeout=self.timeout_s, metadata=self.auth)
         return ReplicaIdentity(reply.instance_id or self.address, reply.publishes_prefix_blocks)
 
     async def get_stats(self) -> SchedulerStats:
-        return stats_from_pb(await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=self.timeout_s))
+        return stats_from_pb(await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=self.timeout_s,
+                                                      metadata=self.auth))
 
     async def close(self) -> None:
         if self.channel is not None:

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     setup_logging(config.log_level)
     servicer = WorkerServicer()
     try:
-        server, health_servicer = build_server(servicer, config.worker_host, config.worker_port)
+        server, health_servicer = build_server(servicer, config.worker_host, config.worker_port, config.internal_token)
     except OSError as exc:  # a port in use, or an address not of this machine: one line, not a traceback
         log.error("%s", exc)
         return 2

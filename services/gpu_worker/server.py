@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
 from services.grpc_errors import ServiceNotReady, map_errors
+from services.internal_auth import TokenInterceptor
 from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
 from services.proto_convert.common import description_to_pb
 from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
@@ -118,10 +119,11 @@ def _end_request_spans(spans: dict[str, trace.Span], output: StepOutput) -> None
         span.end()
 
 
-def build_server(servicer: WorkerServicer, host: str, port: int) -> tuple[grpc.Server, health.HealthServicer]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=[
-        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        *GRPC_SERVER_OPTIONS])
+def build_server(servicer: WorkerServicer, host: str, port: int, internal_token: str = ""
+                 ) -> tuple[grpc.Server, health.HealthServicer]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(internal_token)],
+                         options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                  ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *GRPC_SERVER_OPTIONS])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # liveness: the process serves gRPC

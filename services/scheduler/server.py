@@ -17,6 +17,7 @@ import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.grpc_errors import RequestFailed
+from services.internal_auth import AsyncTokenInterceptor
 from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
@@ -103,7 +104,7 @@ def instance_id_of(config: SchedulerServiceConfig) -> str:
 
 
 async def serve(config: SchedulerServiceConfig) -> None:
-    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[AsyncTokenInterceptor(config.internal_token)])
     servicer = SchedulerServicer(instance_id_of(config), bool(config.state.redis_url))
     scheduler_pb2_grpc.add_SchedulerServiceServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -130,7 +131,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    worker = WorkerClient(config.worker_address, config.step_progress_timeout_s)
+    worker = WorkerClient(config.worker_address, config.step_progress_timeout_s, config.internal_token)
     readiness = Readiness(NotReady.STARTING)
     tasks = [asyncio.create_task(_publish_readiness(readiness, health_servicer), name="readiness")]
     startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, readiness, stop, tasks))

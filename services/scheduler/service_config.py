@@ -20,6 +20,7 @@ class SchedulerServiceConfig:
     metrics_host: str = "127.0.0.1"  # interface of this scheduler's Prometheus /metrics (0.0.0.0 for all)
     metrics_port: int = 0  # HTTP port of this scheduler's Prometheus /metrics (8001 under `serve`); 0: none
     worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker
+    internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
     step_progress_timeout_s: float = 120.0  # a step running longer means a hung worker: its requests fail, not ready
     worker_probe_interval_s: float = 1.0  # how often the worker's health and incarnation are checked

@@ -11,6 +11,7 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.internal_auth import token_metadata
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
 from services.proto_gen import common_pb2, worker_pb2_grpc
@@ -24,9 +25,10 @@ WORKER_SERVICE = "pagedserve.v1.WorkerService"
 
 
 class WorkerClient:
-    def __init__(self, address: str, step_timeout_s: float) -> None:
+    def __init__(self, address: str, step_timeout_s: float, internal_token: str = "") -> None:
         self.address = address
         self.step_timeout_s = step_timeout_s
+        self.auth = token_metadata(internal_token)
         self.channel = grpc.aio.insecure_channel(address, options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
@@ -41,7 +43,8 @@ class WorkerClient:
             try:
                 reply = await self.health.Check(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=5)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=10))
+                    return description_from_pb(await self.stub.Describe(common_pb2.DescribeRequest(), timeout=10,
+                                                                        metadata=self.auth))
                 reason = "loading"
             except grpc.aio.AioRpcError as exc:
                 reason = exc.code().name
@@ -58,7 +61,8 @@ class WorkerClient:
             reply = await self.health.Check(health_pb2.HealthCheckRequest(service=WORKER_SERVICE), timeout=timeout_s)
             if reply.status != health_pb2.HealthCheckResponse.SERVING:
                 return WorkerProbe(WorkerStatus.NOT_SERVING)
-            description = await self.stub.Describe(common_pb2.DescribeRequest(), timeout=timeout_s)
+            description = await self.stub.Describe(common_pb2.DescribeRequest(), timeout=timeout_s,
+                                                   metadata=self.auth)
         except grpc.aio.AioRpcError as exc:
             return WorkerProbe(WorkerStatus.UNREACHABLE, detail=exc.code().name)
         return WorkerProbe(WorkerStatus.SERVING, description_from_pb(description))
@@ -66,7 +70,7 @@ class WorkerClient:
     async def step(self, step: StepInput, step_id: int, traceparents: Mapping[str, str]) -> StepOutput:
         """Raises grpc.aio.AioRpcError when the worker fails or is unreachable."""
         reply = await self.stub.Step(step_input_to_pb(step, step_id, traceparents), timeout=self.step_timeout_s,
-                                     metadata=outgoing_metadata())
+                                     metadata=(*outgoing_metadata(), *self.auth))
         return step_output_from_pb(reply)
 
     async def close(self) -> None:

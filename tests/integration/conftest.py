@@ -11,12 +11,14 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from services.internal_auth import token_metadata
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, RedisServer, Stack, TraceCollector, port_is_open, start_stack
 
 STARTUP_TIMEOUT_S = 180
+INTERNAL_TOKEN = "integration-internal-token"  # the services' shared gRPC secret, for direct calls to the scheduler
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +31,7 @@ def stack(tmp_path_factory) -> Stack:
     collector = TraceCollector()
     collector.server.start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
+    env["PAGEDSERVE_INTERNAL_TOKEN"] = INTERNAL_TOKEN
     running = start_stack(tmp_dir, redis_server, collector, env)
     try:
         running.wait_healthy(STARTUP_TIMEOUT_S)
@@ -75,7 +78,8 @@ def scheduler_stats(stack: Stack):
     stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
 
     def read() -> SchedulerStats:
-        return stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5))
+        return stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5,
+                                           metadata=token_metadata(INTERNAL_TOKEN)))
 
     yield read
     channel.close()

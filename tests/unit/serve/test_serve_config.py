@@ -75,8 +75,9 @@ def test_children_parse_their_commands_into_the_same_configs():
 def test_secrets_go_through_the_environment_not_the_command_line():
     config = parse(MODEL, "--api-key", "secret")
     assert all("secret" not in child_command(config, name) for name in SERVICES)
-    assert child_environment(config, {"PATH": "/bin"}) == {"PATH": "/bin", "PYTHONUNBUFFERED": "1",
-                                                            "PAGEDSERVE_API_KEY": "secret"}
+    env = child_environment(config, {"PATH": "/bin"})
+    assert env.pop("PAGEDSERVE_INTERNAL_TOKEN") == config.scheduler.internal_token  # random, see test_internal_auth
+    assert env == {"PATH": "/bin", "PYTHONUNBUFFERED": "1", "PAGEDSERVE_API_KEY": "secret"}
 
 
 @pytest.mark.parametrize(("argv", "expected"), [
