@@ -16,12 +16,19 @@ import grpc.aio
 log = logging.getLogger(__name__)
 
 
+RETRY_AFTER_KEY = "retry-after-s"  # trailing metadata: whole seconds a client should wait before retrying
+
+
 class ServiceNotReady(RuntimeError):
-    """The service is up but not serving yet (model loading, waiting for the worker)."""
+    """The service is up but not serving (model loading, waiting for the worker, draining)."""
+
+    retry_after_s = 5  # a worker loading or a replacement coming up: seconds, not minutes
 
 
 class WorkerUnavailable(RuntimeError):
     """The worker failed or went away during a step; requests in flight are lost."""
+
+    retry_after_s = 5
 
 
 class RequestFailed(RuntimeError):
@@ -34,6 +41,7 @@ _CODES = {
     "services.grpc_errors.ServiceNotReady": grpc.StatusCode.UNAVAILABLE,
     "services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
     "services.grpc_errors.RequestFailed": grpc.StatusCode.INTERNAL,
+    "services.scheduler.admission.Overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -45,12 +53,15 @@ def status_code_of(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """(code, details, trailing metadata): `retry-after-s` for errors that carry a `retry_after_s`."""
     code = status_code_of(exc)
+    retry_after_s = getattr(exc, "retry_after_s", None)
+    metadata = ((RETRY_AFTER_KEY, str(int(retry_after_s))),) if retry_after_s is not None else ()
     if code is grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
-        return code, f"internal error: {type(exc).__name__}: {exc}"
-    return code, str(exc)
+        return code, f"internal error: {type(exc).__name__}: {exc}", metadata
+    return code, str(exc), metadata
 
 
 def _passes_through(exc: Exception) -> bool:
@@ -69,7 +80,8 @@ def map_errors(method):
             except Exception as exc:
                 if _passes_through(exc):
                     raise
-                await context.abort(*_status(exc, method.__name__))
+                code, details, metadata = _status(exc, method.__name__)
+                await context.abort(code, details, trailing_metadata=metadata)
         return stream_wrapper
     if inspect.iscoroutinefunction(method):
         @functools.wraps(method)
@@ -79,7 +91,8 @@ def map_errors(method):
             except Exception as exc:
                 if _passes_through(exc):
                     raise
-                await context.abort(*_status(exc, method.__name__))
+                code, details, metadata = _status(exc, method.__name__)
+                await context.abort(code, details, trailing_metadata=metadata)
         return async_wrapper
 
     @functools.wraps(method)
@@ -89,5 +102,8 @@ def map_errors(method):
         except Exception as exc:
             if _passes_through(exc):
                 raise
-            context.abort(*_status(exc, method.__name__))
+            code, details, metadata = _status(exc, method.__name__)
+            if metadata:
+                context.set_trailing_metadata(metadata)
+            context.abort(code, details)
     return sync_wrapper

@@ -100,3 +100,18 @@ class ModelDescription:
     attention_backend: str
     kv_cache_bytes: int
     incarnation_id: str = ""  # new on every worker start (the KV pool starts empty)
+
+    @property
+    def num_kv_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+    def pool_problem(self) -> str | None:
+        """Why one request of the full context would not fit the KV pool (then every long request would be refused
+        after the server said it was ready); None when it fits."""
+        if self.num_kv_tokens >= self.max_model_len:
+            return None
+        num_blocks = -(-self.max_model_len // self.block_size)
+        need_bytes = -(-self.kv_cache_bytes * num_blocks // max(1, self.num_kv_blocks))
+        return (f"the KV cache ({self.kv_cache_bytes / 2**20:.0f} MiB) holds {self.num_kv_tokens} tokens, fewer than "
+                f"the context limit of {self.max_model_len}: give it at least {need_bytes / 2**20:.0f} MiB "
+                f"(--kv-cache-memory-bytes on CPU, --gpu-memory-utilization on a GPU) or lower --max-model-len")

@@ -48,6 +48,11 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         server.stop(0)
         return 1
     description = servicer.worker.describe()
+    problem = description.pool_problem()
+    if problem is not None:  # refused at start, not "ready" and then refusing every long request
+        log.error("%s", problem)
+        server.stop(0)
+        return 2
     set_serving(health_servicer, True)
     log.info("worker ready: %s on %s, %d KV blocks of %d tokens (%.0f MiB), attention %s, incarnation %s",
              description.model_name, description.device, description.num_kv_blocks, description.block_size,

@@ -10,7 +10,8 @@ running before the call goes out (64 streams held every step's call back by abou
 
 A lost worker (a failed or overdue step, a step reply from another worker incarnation, or the WorkerMonitor's
 report) fails every live request; the loop then waits for a worker, and a new incarnation or pool gets a fresh
-Scheduler (no block state, no prefix cache). Arrivals are refused while the scheduler is not ready (`Readiness`).
+Scheduler (no block state, no prefix cache). Arrivals pass readiness (worker lost, draining) and admission control
+(a bounded queue, a predicted wait) before the Scheduler sees them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import grpc.aio
 from opentelemetry import trace
 
 from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
+from services.scheduler.admission import AdmissionConfig, AdmissionControl
 from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import RequestRejected, Scheduler, SchedulerOutput
@@ -54,13 +56,14 @@ def request_error(failure: FailedRequest) -> Exception:
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
                  observer: RequestObserver | None = None, trace_step_interval: int = 0,
-                 readiness: Readiness | None = None) -> None:
+                 readiness: Readiness | None = None, admission: AdmissionControl | None = None) -> None:
         self.scheduler = scheduler
         self.worker = worker
         self.state = state
         self.observer = observer or RequestObserver(None, scheduler.description.model_name)
         self.trace_step_interval = trace_step_interval  # every Nth step gets a span (linked to its requests); 0: none
         self.readiness = readiness or Readiness()
+        self.admission = admission or AdmissionControl(AdmissionConfig())
         self.recovering = False  # waiting for the worker to come back (the WorkerMonitor stands aside)
         self.last_step_end_s = time.monotonic()
         self._lost: WorkerUnavailable | None = None  # set when the worker is lost; the loop recovers next
@@ -87,9 +90,11 @@ class EngineLoop:
 
     def add_request(self, request: GenerateRequest, span: trace.Span | None = None,
                     traceparent: str = "") -> asyncio.Queue[Item]:
-        """Queue a request; raises RequestRejected, or ServiceNotReady while not ready (worker lost or not serving)."""
+        """Queue a request; raises RequestRejected, Overloaded (a full queue, or a predicted wait over the bound), or
+        ServiceNotReady while not ready (worker lost, draining)."""
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
+        self.admission.check(self.scheduler, request)
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[request.req_id] = queue
@@ -163,11 +168,13 @@ class EngineLoop:
         self.observer.step_planned(scheduled, self.num_steps)
         traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
                         if r.req_id in self._traceparents}
+        start_s = time.perf_counter()
         if self.trace_step_interval and self.num_steps % self.trace_step_interval == 0:
             with self._step_span(step):  # the worker's step span joins it through the call's metadata
                 output = await self._call_worker(step, traceparents)
         else:
             output = await self._call_worker(step, traceparents)
+        duration_s = time.perf_counter() - start_s
         if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
             self.worker_lost(output)
         elif self._lost is not None:
@@ -177,7 +184,7 @@ class EngineLoop:
         else:
             self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
                                                      output.idle_time_ns if back_to_back else 0)
-            self._dispatch(scheduled, output)
+            self.admission.estimator.record_step(duration_s, self._dispatch(scheduled, output))
 
     def _step_span(self, step: StepInput):
         """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""
@@ -211,8 +218,10 @@ class EngineLoop:
             queue.put_nowait(item)
         self._undelivered.clear()
 
-    def _dispatch(self, scheduled: SchedulerOutput, output: StepOutput) -> None:
-        for out in self.scheduler.update_from_output(scheduled, output):
+    def _dispatch(self, scheduled: SchedulerOutput, output: StepOutput) -> int:
+        """Hand the step's outputs to their streams; returns how many requests finished."""
+        outputs = self.scheduler.update_from_output(scheduled, output)
+        for out in outputs:
             queue = self._queues.get(out.req_id)
             if queue is None:
                 continue
@@ -232,6 +241,7 @@ class EngineLoop:
                                             out.num_cached_tokens)
                 self.observer.finished(out.req_id, out.finish_reason.value, out.num_prompt_tokens,
                                        out.num_output_tokens)
+        return sum(1 for out in outputs if out.finished)
 
     async def _recover(self, error: WorkerUnavailable) -> None:
         """Fail every live request, wait for the worker, and start over with a fresh scheduler."""

@@ -20,6 +20,7 @@ from services.grpc_errors import RequestFailed
 from services.internal_auth import AsyncTokenInterceptor
 from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
+from services.scheduler.admission import AdmissionControl
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.metrics_server import start_metrics_server
@@ -56,7 +57,8 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
     """Wait for the worker, then start the loop, its worker monitor (and the Redis writer) into `tasks`."""
     description = await worker.wait_until_ready()
     engine = EngineLoop(Scheduler(config.scheduler, description), worker, servicer.state,
-                        RequestObserver(metrics, description.model_name), config.trace_step_interval, readiness)
+                        RequestObserver(metrics, description.model_name), config.trace_step_interval, readiness,
+                        AdmissionControl(config.admission))
     tasks.append(asyncio.create_task(_run_engine(engine, stop), name="engine-loop"))
     monitor = WorkerMonitor(worker, engine, config.worker_probe_interval_s, config.worker_probe_timeout_s)
     tasks.append(asyncio.create_task(monitor.run(), name="worker-monitor"))

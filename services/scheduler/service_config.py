@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.scheduler.admission import AdmissionConfig
 from services.scheduler.redis_state import RedisStateConfig
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.cli_config import check_choices
@@ -15,6 +16,7 @@ from shared.log_setup import LogLevel
 class SchedulerServiceConfig:
     scheduler: SchedulerConfig
     state: RedisStateConfig
+    admission: AdmissionConfig
     scheduler_host: str = "127.0.0.1"  # interface the scheduler's gRPC server binds
     scheduler_port: int = 50051  # the scheduler's gRPC port (the gateway's --scheduler-address points here)
     metrics_host: str = "127.0.0.1"  # interface of this scheduler's Prometheus /metrics (0.0.0.0 for all)

@@ -6,6 +6,7 @@ import grpc
 import pytest
 
 from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable, map_errors, status_code_of
+from services.scheduler.admission import Overloaded
 from services.scheduler.scheduler import RequestRejected
 from shared.sampling_params import SamplingParamsError
 
@@ -15,6 +16,7 @@ from shared.sampling_params import SamplingParamsError
     (RequestRejected("too long"), grpc.StatusCode.INVALID_ARGUMENT),
     (ServiceNotReady("loading"), grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailable("gone"), grpc.StatusCode.UNAVAILABLE),
+    (Overloaded("busy", 3), grpc.StatusCode.RESOURCE_EXHAUSTED),
     (RequestFailed("nan"), grpc.StatusCode.INTERNAL),
     (KeyError("x"), grpc.StatusCode.INTERNAL),
 ])
@@ -29,6 +31,10 @@ class Aborted(Exception):
 class FakeContext:
     def __init__(self) -> None:
         self.aborted: tuple | None = None
+        self.trailing_metadata: tuple = ()
+
+    def set_trailing_metadata(self, metadata) -> None:
+        self.trailing_metadata = metadata
 
     def abort(self, code, details):
         self.aborted = (code, details)
@@ -36,7 +42,8 @@ class FakeContext:
 
 
 class FakeAsyncContext(FakeContext):
-    async def abort(self, code, details):
+    async def abort(self, code, details, trailing_metadata=()):
+        self.trailing_metadata = trailing_metadata
         super().abort(code, details)
 
 
@@ -73,3 +80,29 @@ async def test_async_and_streaming_methods_abort_with_the_mapped_status():
         async for item in Servicer().stream_method(None, stream_context):
             items.append(item)
     assert items == [1] and stream_context.aborted == (grpc.StatusCode.UNAVAILABLE, "worker gone")
+
+
+class OverloadedServicer:
+    @map_errors
+    def sync_method(self, request, context):
+        raise Overloaded("the server is overloaded", 7)
+
+    @map_errors
+    async def stream_method(self, request, context):
+        raise ServiceNotReady("draining")
+        yield 1
+
+
+@pytest.mark.asyncio
+async def test_errors_with_a_retry_after_send_it_as_trailing_metadata():
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        OverloadedServicer().sync_method(None, context)
+    assert context.aborted[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.trailing_metadata == (("retry-after-s", "7"),)
+    stream_context = FakeAsyncContext()
+    with pytest.raises(Aborted):
+        async for _ in OverloadedServicer().stream_method(None, stream_context):
+            pass
+    assert stream_context.aborted[0] is grpc.StatusCode.UNAVAILABLE
+    assert stream_context.trailing_metadata == (("retry-after-s", "5"),)

@@ -30,8 +30,9 @@ class FakeContext:
     def invocation_metadata(self):
         return ()
 
-    async def abort(self, code, details):
+    async def abort(self, code, details, trailing_metadata=()):
         self.aborted = (code, details)
+        self.trailing_metadata = trailing_metadata
         raise Aborted
 
 
@@ -88,3 +89,4 @@ async def test_identify_answers_before_the_worker_is_ready():
     servicer = SchedulerServicer("replica-7", publishes_prefix_blocks=True)
     identity = await servicer.Identify(scheduler_pb2.IdentifyRequest(), FakeContext())
     assert (identity.instance_id, identity.publishes_prefix_blocks) == ("replica-7", True)
+

@@ -1,0 +1,106 @@
+"""Admission control: a bounded waiting queue and a predicted queue time, so overload gets a quick 429 with a
+Retry-After instead of a queue that grows without bound. Only arrivals are refused: a request once accepted is
+never dropped for load (preemption recomputes it instead).
+
+The prediction is in steps, turned into seconds by the recent step time:
+- prompt work ahead: the tokens the waiting requests (and running ones still in their prompt) have left, spread
+  over what a step has for prompts (the token budget less one token per running decode);
+- a free slot: with `max_num_seqs` requests running, a new one waits for as many finishes as there are requests
+  ahead of it beyond the free slots, at the recent finishing rate (or, before one was seen, by the output tokens
+  the running requests may still produce).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.scheduler.scheduler import Scheduler
+from shared.request_io import GenerateRequest
+
+_SMOOTHING = 0.2  # weight of the newest step in the moving averages
+MAX_RETRY_AFTER_S = 60
+
+
+class Overloaded(RuntimeError):
+    """The server is too busy to take this request now; retry after `retry_after_s` (a 429)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    max_waiting_requests: int = 1024  # requests queued for their first step at most; more get a 429
+    max_waiting_tokens: int = 1_048_576  # prompt tokens queued at most; more get a 429
+    max_queue_wait_s: float = 10.0  # refuse (429) a request predicted to wait longer for its first step; 0: no bound
+
+    def __post_init__(self) -> None:
+        if self.max_waiting_requests < 1 or self.max_waiting_tokens < 1 or self.max_queue_wait_s < 0:
+            raise ValueError("max_waiting_requests and max_waiting_tokens must be positive, max_queue_wait_s >= 0")
+
+
+class QueueWaitEstimator:
+    """Moving averages of the step time and of requests finished per step, fed by the engine loop."""
+
+    def __init__(self) -> None:
+        self.step_time_s: float | None = None  # None until a step ran
+        self.finishes_per_step: float | None = None  # among steps with running requests; None until one finished
+
+    def record_step(self, duration_s: float, num_finished: int) -> None:
+        self.step_time_s = _average(self.step_time_s, duration_s)
+        if num_finished or self.finishes_per_step is not None:
+            self.finishes_per_step = _average(self.finishes_per_step, float(num_finished))
+
+    def predict_s(self, scheduler: Scheduler) -> float:
+        """Seconds a request added now would wait for its first step."""
+        if self.step_time_s is None:
+            return 0.0
+        return max(self._prompt_steps(scheduler), self._slot_steps(scheduler)) * self.step_time_s
+
+    def _prompt_steps(self, scheduler: Scheduler) -> float:
+        waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
+        running = sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in scheduler.running)
+        per_step = max(1, scheduler.config.max_num_batched_tokens - len(scheduler.running))
+        return (waiting + running) / per_step
+
+    def _slot_steps(self, scheduler: Scheduler) -> float:
+        num_to_finish = len(scheduler.waiting) + len(scheduler.running) + 1 - scheduler.config.max_num_seqs
+        if num_to_finish <= 0:
+            return 0.0
+        if self.finishes_per_step:
+            return num_to_finish / self.finishes_per_step
+        left = sorted(r.sampling.max_tokens - r.num_output_tokens for r in scheduler.running)
+        rounds, rest = divmod(num_to_finish - 1, max(1, len(left)))  # each slot frees after its holder's outputs
+        return (rounds + 1) * (left[rest] if left else 1)
+
+
+def _average(old: float | None, new: float) -> float:
+    return new if old is None else old + _SMOOTHING * (new - old)
+
+
+class AdmissionControl:
+    def __init__(self, config: AdmissionConfig) -> None:
+        self.config = config
+        self.estimator = QueueWaitEstimator()
+        self.num_refused = 0
+
+    def check(self, scheduler: Scheduler, request: GenerateRequest) -> None:
+        """Raises Overloaded when the queue is full or the request would wait longer than the bound."""
+        config, predicted_s = self.config, self.estimator.predict_s(scheduler)
+        waiting_tokens = sum(r.num_tokens for r in scheduler.waiting)
+        if len(scheduler.waiting) >= config.max_waiting_requests:
+            self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",
+                         predicted_s)
+        if waiting_tokens + len(request.prompt_token_ids) > config.max_waiting_tokens:
+            self._refuse(f"{waiting_tokens} prompt tokens are waiting (at most {config.max_waiting_tokens})",
+                         predicted_s)
+        if config.max_queue_wait_s and predicted_s > config.max_queue_wait_s:
+            self._refuse(f"the predicted queue time is {predicted_s:.2f}s (at most {config.max_queue_wait_s:g}s)",
+                         predicted_s - config.max_queue_wait_s)
+
+    def _refuse(self, why: str, wait_s: float) -> None:
+        self.num_refused += 1
+        raise Overloaded(f"the server is overloaded: {why}; retry later",
+                         min(MAX_RETRY_AFTER_S, max(1, math.ceil(wait_s))))

@@ -1,0 +1,20 @@
+"""A KV pool smaller than one request of the full context is refused when the worker starts (exit 2, a line
+saying how much memory it needs), instead of reporting ready and then refusing every long request."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.integration.processes import REPO, free_port
+from tests.unit.gpu_worker.tiny_models import make_tiny_model
+
+
+def test_a_pool_smaller_than_the_context_stops_the_worker_at_start(tmp_path):
+    make_tiny_model("llama", tmp_path / "tiny")  # 256 tokens of context
+    argv = [sys.executable, "-m", "services.gpu_worker", str(tmp_path / "tiny"), "--worker-port", str(free_port()),
+            "--dtype", "float32", "--kv-cache-dtype", "float32", "--kv-cache-memory-bytes", "32KiB",
+            "--torch-compile", "false", "--native-kernels", "false"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "fewer than the context limit of 256" in done.stderr and "--kv-cache-memory-bytes" in done.stderr

@@ -1,0 +1,94 @@
+"""Admission control: the queue bounds and the predicted queue time refuse arrivals (429) with a Retry-After; an
+empty server takes everything. Predictions are checked against hand-computed figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded, QueueWaitEstimator
+from services.scheduler.scheduler import Scheduler
+from shared.step_protocol import StepOutput
+from tests.unit.scheduler.fake_worker import describe
+from tests.unit.scheduler.scheduler_harness import gen, make_config
+
+
+def scheduler(**config) -> Scheduler:
+    return Scheduler(make_config(**config), describe(num_blocks=1024, block_size=4, max_model_len=2048))
+
+
+def prompt(i: int, length: int) -> list[int]:
+    """A prompt of its own for request i (no shared prefix to wait for)."""
+    return [(i * 7 + k) % 90 + 1 for k in range(length)]
+
+
+def fill(sched: Scheduler, num_running: int, num_waiting: int, prompt_len: int = 8, max_tokens: int = 20) -> None:
+    for i in range(num_running):
+        sched.add_request(gen(f"run{i}", prompt(i, prompt_len), max_tokens=max_tokens))
+    sched.update_from_output(sched.schedule(), StepOutput())  # their prompts computed (the budget holds them)
+    assert len(sched.running) == num_running
+    for i in range(num_waiting):
+        sched.add_request(gen(f"wait{i}", prompt(num_running + i, prompt_len), max_tokens=max_tokens))
+
+
+def test_an_idle_server_takes_everything_and_predicts_no_wait():
+    control = AdmissionControl(AdmissionConfig())
+    sched = scheduler()
+    control.estimator.record_step(0.05, 0)
+    control.check(sched, gen("a", [1, 2, 3]))
+    assert control.estimator.predict_s(sched) == 0.0 and control.num_refused == 0
+
+
+def test_the_waiting_queue_is_bounded_by_requests_and_by_prompt_tokens():
+    sched = scheduler(max_num_seqs=1)
+    fill(sched, num_running=1, num_waiting=2)
+    with pytest.raises(Overloaded, match="2 requests are waiting") as info:
+        AdmissionControl(AdmissionConfig(max_waiting_requests=2)).check(sched, gen("x", [1]))
+    assert info.value.retry_after_s == 1  # no step time measured yet
+    tokens = AdmissionControl(AdmissionConfig(max_waiting_tokens=20))
+    tokens.check(sched, gen("fits", [1] * 4))  # 16 waiting + 4
+    with pytest.raises(Overloaded, match="16 prompt tokens are waiting"):
+        tokens.check(sched, gen("too many", [1] * 5))
+
+
+def test_full_slots_predict_a_wait_of_the_finishes_ahead_at_the_measured_rate():
+    sched = scheduler(max_num_seqs=4)
+    fill(sched, num_running=4, num_waiting=6)
+    estimator = QueueWaitEstimator()
+    for _ in range(50):
+        estimator.record_step(0.1, 2)  # 0.1 s a step, two requests finishing a step
+    # 6 waiting + 4 running + the new one - 4 slots = 7 finishes ahead, at 2 a step: 3.5 steps of 0.1 s
+    assert estimator.predict_s(sched) == pytest.approx(0.35, rel=1e-6)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    control.estimator = estimator
+    with pytest.raises(Overloaded, match=r"predicted queue time is 0.35s \(at most 0.2s\)") as info:
+        control.check(sched, gen("late", [1, 2]))
+    assert info.value.retry_after_s == 1 and control.num_refused == 1
+    AdmissionControl(AdmissionConfig(max_queue_wait_s=0.5)).check(sched, gen("fine", [1, 2]))
+
+
+def test_before_any_finish_the_slot_wait_comes_from_the_outputs_left():
+    sched = scheduler(max_num_seqs=2)
+    fill(sched, num_running=2, num_waiting=0, max_tokens=20)
+    estimator = QueueWaitEstimator()
+    estimator.record_step(0.5, 0)
+    assert estimator.finishes_per_step is None
+    assert estimator.predict_s(sched) == pytest.approx(20 * 0.5)  # a slot frees after its 20 outputs
+
+
+def test_prompt_work_ahead_is_spread_over_the_budget_left_by_decodes():
+    sched = scheduler(max_num_batched_tokens=62, max_num_seqs=100)
+    fill(sched, num_running=2, num_waiting=10, prompt_len=30)
+    estimator = QueueWaitEstimator()
+    estimator.record_step(0.2, 0)
+    # 10 waiting prompts of 30 tokens over 62 - 2 tokens a step: 5 steps of 0.2 s
+    assert estimator.predict_s(sched) == pytest.approx(1.0)
+
+
+def test_retry_after_is_at_least_one_and_at_most_a_minute():
+    sched = scheduler(max_num_seqs=1)
+    fill(sched, num_running=1, num_waiting=50, max_tokens=1000)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=1))
+    control.estimator.record_step(10.0, 0)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("x", [1]))
+    assert info.value.retry_after_s == 60
