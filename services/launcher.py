@@ -30,7 +30,6 @@ from services.healthcheck import grpc_serving
 from services.ports import PortInUseError, free_port, port_is_free
 from services.serve_config import (
     INTERNAL_HOST,
-    SERVICES,
     ServeConfig,
     child_environment,
     parse_serve_config,
@@ -131,16 +130,17 @@ def start_children(config: ServeConfig, replicas: list[ServeConfig] | None = Non
 
 
 def stop_timeouts(config: ServeConfig) -> dict[str, float]:
-    """How long each child may take to stop before SIGKILL: the gateway gets its drain timeout and the time to
-    answer what the drain cut, never less than --stop-timeout-s."""
-    timeouts = dict.fromkeys(SERVICES, config.launcher.stop_timeout_s)
+    """How long each child may take to stop before SIGKILL: its drain timeout (the requests in flight finish
+    first; the gateway's plus the time to answer what its drain cut) and a margin, never less than --stop-timeout-s."""
+    timeouts = {name: max(config.launcher.stop_timeout_s, getattr(service, "drain_timeout_s", 0.0) + 10.0)
+                for name, service in config.services.items()}
     timeouts["gateway"] = max(timeouts["gateway"], config.gateway.drain_timeout_s + CUT_GRACE_S + 5.0)
     return timeouts
 
 
 def stop_children(children: list[Child], timeouts_s: dict[str, float]) -> None:
-    """SIGTERM gateway, then scheduler, then worker (the gateway drains first, while its streams are still served);
-    SIGKILL whoever outlives its timeout."""
+    """SIGTERM gateway, then scheduler, then worker (each drains what it has in flight before it exits: the gateway
+    while its streams are still served, the scheduler before its worker); SIGKILL whoever outlives its timeout."""
     for child in reversed(children):
         if child.process.poll() is None:
             child.process.terminate()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import threading
+import time
 from collections.abc import Sequence
 
 from services.gpu_worker.server import WorkerServicer, build_server, set_serving
@@ -15,6 +17,8 @@ from shared.model_dir import model_dir_problem
 from shared.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("pagedserve.worker")
+QUIET_S = 1.0  # a draining worker stops once no step came for this long
+STEP_GRACE_S = 5.0  # for a step still running when the server stops
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -34,10 +38,13 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     server.start()
     log.info("worker gRPC on %s:%d; loading %s", config.worker_host, config.worker_port, config.worker.model_dir)
 
+    stopping = threading.Event()
+
     def stop(signum, frame) -> None:
-        log.info("signal %d: stopping (grace %.1fs)", signum, config.grace_period_s)
+        log.info("signal %d: draining (readiness NOT_SERVING; steps go on until the scheduler stops sending them, "
+                 "up to %.0fs)", signum, config.drain_timeout_s)
         set_serving(health_servicer, False)
-        server.stop(config.grace_period_s)
+        stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
@@ -53,14 +60,26 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         log.error("%s", problem)
         server.stop(0)
         return 2
-    set_serving(health_servicer, True)
+    if not stopping.is_set():
+        set_serving(health_servicer, True)
     log.info("worker ready: %s on %s, %d KV blocks of %d tokens (%.0f MiB), attention %s, incarnation %s",
              description.model_name, description.device, description.num_kv_blocks, description.block_size,
              description.kv_cache_bytes / 1024**2, description.attention_backend, description.incarnation_id)
-    server.wait_for_termination()
+    while not stopping.wait(0.5):
+        pass
+    _drain(servicer, config.drain_timeout_s)
+    server.stop(STEP_GRACE_S).wait()
     shutdown_tracing()
     log.info("worker stopped")
     return 0
+
+
+def _drain(servicer: WorkerServicer, timeout_s: float) -> None:
+    """Serve steps until none came for QUIET_S (the scheduler finished its requests or is gone) or the timeout."""
+    deadline_s = time.monotonic() + timeout_s
+    while servicer.idle_for_s() < QUIET_S and time.monotonic() < deadline_s:
+        time.sleep(0.1)
+    log.info("drained: no step for %.1fs", servicer.idle_for_s())
 
 
 if __name__ == "__main__":

@@ -6,11 +6,13 @@ thread that enters torch's OpenMP regions gets its own team of worker threads, w
 hopping between pool threads left several teams competing for the cores (single-stream steps took ~1.8x longer).
 
 One process per device. Steps are serialised (one forward at a time); health and Describe answer meanwhile.
+Health: "" is liveness (SERVING while the process runs), "pagedserve.v1.WorkerService" readiness (model loaded).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent import futures
 from typing import TYPE_CHECKING
@@ -42,6 +44,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self.worker: Worker | None = None  # set once the model is loaded
         self._model_thread = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._last_step_end_ns = 0  # when the model thread finished its last step (0: none yet)
+        self._lock = threading.Lock()
+        self.num_steps_in_flight = 0
+        self.last_step_end_s = time.monotonic()
+
+    def idle_for_s(self) -> float:
+        """Seconds since the last step ended; 0 while one runs (a draining worker waits for its scheduler)."""
+        with self._lock:
+            return 0.0 if self.num_steps_in_flight else time.monotonic() - self.last_step_end_s
 
     def load(self, config: WorkerConfig) -> None:
         """Build the Worker on the model thread, where its steps will run too."""
@@ -60,6 +70,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     @map_errors
     def Step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:  # noqa: N802
+        with self._lock:
+            self.num_steps_in_flight += 1
+        try:
+            return self._step(request, context)
+        finally:
+            with self._lock:
+                self.num_steps_in_flight -= 1
+                self.last_step_end_s = time.monotonic()
+
+    def _step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:
         worker = self._ready()
         step = step_input_from_pb(request)
         parent = incoming_context(context.invocation_metadata())

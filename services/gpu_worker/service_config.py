@@ -15,7 +15,7 @@ class WorkerServiceConfig:
     worker_host: str = "127.0.0.1"  # interface the worker's gRPC server binds
     worker_port: int = 50061  # the worker's gRPC port (the scheduler's --worker-address points here)
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
-    grace_period_s: float = 5.0  # on SIGTERM, how long a running step may take to finish
+    drain_timeout_s: float = 300.0  # on SIGTERM: keep serving steps until its scheduler stops sending them
     log_level: LogLevel = "info"  # debug, info, warning, error
 
     def __post_init__(self) -> None:

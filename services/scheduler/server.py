@@ -2,7 +2,7 @@
 
 Health: service "" is liveness (SERVING while the process and its loop run, whatever the worker does); the named
 service pagedserve.v1.SchedulerService is readiness and follows `Readiness` (waiting for the worker, worker lost,
-hung or not serving, stopping).
+hung or not serving, draining). On SIGTERM the scheduler drains (services/scheduler/drain.py) before it stops.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from services.internal_auth import AsyncTokenInterceptor
 from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.admission import AdmissionControl
+from services.scheduler.drain import drain
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.metrics_server import start_metrics_server
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.SchedulerService"
 
 
+FLUSH_GRACE_S = 5.0  # after the drain, for the last chunks to leave
 _SERVING, _NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
@@ -139,9 +141,9 @@ async def serve(config: SchedulerServiceConfig) -> None:
     startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, readiness, stop, tasks))
     startup.add_done_callback(lambda task: task.cancelled() or task.exception() is None or stop.set())
     await stop.wait()
-    log.info("stopping (grace %.1fs)", config.grace_period_s)
+    await drain(servicer.engine, readiness, config.drain_timeout_s)
     await health_servicer.set(SERVICE_NAME, _NOT_SERVING)
-    await server.stop(config.grace_period_s)  # streams in flight finish while the engine still runs
+    await server.stop(FLUSH_GRACE_S)  # the streams' last chunks (or errors) reach the gateway
     for task in [startup, *tasks]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -27,7 +27,7 @@ class SchedulerServiceConfig:
     step_progress_timeout_s: float = 120.0  # a step running longer means a hung worker: its requests fail, not ready
     worker_probe_interval_s: float = 1.0  # how often the worker's health and incarnation are checked
     worker_probe_timeout_s: float = 5.0  # a probe unanswered this long (no step finishing meanwhile) is a lost worker
-    grace_period_s: float = 5.0  # on SIGTERM, how long streams in flight may take to finish
+    drain_timeout_s: float = 300.0  # on SIGTERM: no new requests, those in flight get this long to finish
     trace_step_interval: int = 100  # every Nth engine step gets a trace of its own, linked to its requests; 0: none
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     log_level: LogLevel = "info"  # debug, info, warning, error
