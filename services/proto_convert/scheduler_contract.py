@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from services.proto_gen import scheduler_pb2
+from services.scheduler.integrity import IntegrityReport
 from services.scheduler.scheduler_stats import SCALAR_FIELDS, SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 
@@ -54,3 +55,14 @@ def stats_to_pb(stats: SchedulerStats) -> scheduler_pb2.SchedulerStats:
 
 def stats_from_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerStats:
     return SchedulerStats(**{name: getattr(pb, name) for name in SCALAR_FIELDS}, num_finished=dict(pb.num_finished))
+
+_INTEGRITY_FIELDS = ("ok", "problem", "num_blocks", "num_free_blocks", "num_cached_blocks", "num_used_blocks",
+                     "num_live_requests", "worker_incarnation_id")
+
+
+def integrity_to_pb(report: IntegrityReport) -> scheduler_pb2.IntegrityReport:
+    return scheduler_pb2.IntegrityReport(**{name: getattr(report, name) for name in _INTEGRITY_FIELDS})
+
+
+def integrity_from_pb(pb: scheduler_pb2.IntegrityReport) -> IntegrityReport:
+    return IntegrityReport(**{name: getattr(pb, name) for name in _INTEGRITY_FIELDS})

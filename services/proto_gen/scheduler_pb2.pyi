@@ -113,3 +113,27 @@ class SchedulerIdentity(_message.Message):
     instance_id: str
     publishes_prefix_blocks: bool
     def __init__(self, instance_id: _Optional[str] = ..., publishes_prefix_blocks: _Optional[bool] = ...) -> None: ...
+
+class CheckIntegrityRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class IntegrityReport(_message.Message):
+    __slots__ = ("ok", "problem", "num_blocks", "num_free_blocks", "num_cached_blocks", "num_used_blocks", "num_live_requests", "worker_incarnation_id")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LIVE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WORKER_INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    problem: str
+    num_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    num_used_blocks: int
+    num_live_requests: int
+    worker_incarnation_id: str
+    def __init__(self, ok: _Optional[bool] = ..., problem: _Optional[str] = ..., num_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., num_used_blocks: _Optional[int] = ..., num_live_requests: _Optional[int] = ..., worker_incarnation_id: _Optional[str] = ...) -> None: ...

@@ -85,6 +85,10 @@ class EngineLoop:
         return len(self._queues)
 
     @property
+    def live_req_ids(self) -> set[str]:
+        return set(self._queues)
+
+    @property
     def worker_description(self) -> ModelDescription:
         return self.scheduler.description
 

@@ -10,9 +10,15 @@ from opentelemetry.trace import SpanKind
 
 from services.grpc_errors import ServiceNotReady, map_errors
 from services.proto_convert.common import description_to_pb
-from services.proto_convert.scheduler_contract import generate_request_from_pb, output_to_chunk, stats_to_pb
+from services.proto_convert.scheduler_contract import (
+    generate_request_from_pb,
+    integrity_to_pb,
+    output_to_chunk,
+    stats_to_pb,
+)
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
+from services.scheduler.integrity import check_integrity
 from services.scheduler.redis_state import NullStateWriter, RedisStateWriter
 from services.scheduler.scheduler_stats import SchedulerStats
 from shared.tracing import gen_ai_request_attributes, get_tracer, incoming_context, record_error, traceparent_of
@@ -75,6 +81,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
     @map_errors
     async def Describe(self, request, context) -> common_pb2.ModelDescription:  # noqa: N802
         return description_to_pb(self._engine().scheduler.description)
+
+    @map_errors
+    async def CheckIntegrity(self, request, context) -> scheduler_pb2.IntegrityReport:  # noqa: N802
+        engine = self._engine()
+        return integrity_to_pb(check_integrity(engine.scheduler, engine.live_req_ids))
 
     @map_errors
     async def Identify(self, request, context) -> scheduler_pb2.SchedulerIdentity:  # noqa: N802

@@ -8,6 +8,8 @@ from services.proto_convert.common import description_from_pb, description_to_pb
 from services.proto_convert.scheduler_contract import (
     generate_request_from_pb,
     generate_request_to_pb,
+    integrity_from_pb,
+    integrity_to_pb,
     output_from_chunk,
     output_to_chunk,
     stats_from_pb,
@@ -21,6 +23,7 @@ from services.proto_convert.worker_contract import (
     traceparents_from_pb,
 )
 from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
+from services.scheduler.integrity import IntegrityReport
 from services.scheduler.scheduler_stats import STATS_FIELDS, SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
@@ -112,3 +115,9 @@ def test_stats_message_and_dataclass_have_the_same_fields():
     """One stats shape: the converter goes by field name, so neither side may grow a field alone."""
     message_fields = sorted(f.name for f in scheduler_pb2.SchedulerStats.DESCRIPTOR.fields)
     assert message_fields == sorted(f.name for f in STATS_FIELDS)
+
+
+def test_integrity_report_round_trip():
+    report = IntegrityReport(ok=False, problem="leak", num_blocks=10, num_free_blocks=5, num_cached_blocks=3,
+                             num_used_blocks=2, num_live_requests=1, worker_incarnation_id="w-1")
+    assert integrity_from_pb(integrity_to_pb(report)) == report

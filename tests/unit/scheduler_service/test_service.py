@@ -90,3 +90,24 @@ async def test_identify_answers_before_the_worker_is_ready():
     identity = await servicer.Identify(scheduler_pb2.IdentifyRequest(), FakeContext())
     assert (identity.instance_id, identity.publishes_prefix_blocks) == ("replica-7", True)
 
+
+@pytest.mark.asyncio
+async def test_integrity_report_counts_every_block_and_names_a_leak():
+    servicer = SchedulerServicer()
+    servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
+    loop_task = asyncio.create_task(servicer.engine.run())
+    try:
+        request = generate_request_to_pb(GenerateRequest("r", list(range(1, 10)), SamplingParams(max_tokens=2)))
+        chunks = [chunk async for chunk in servicer.Generate(request, FakeContext())]
+        assert chunks[-1].finish_reason == scheduler_pb2.FINISH_REASON_LENGTH
+        report = await servicer.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), FakeContext())
+        assert (report.ok, report.problem, report.num_blocks, report.num_used_blocks, report.num_cached_blocks,
+                report.num_free_blocks, report.num_live_requests, report.worker_incarnation_id) == (
+            True, "", 32, 0, 2, 30, 0, "first")  # 10 tokens computed: two full blocks stay cached
+        servicer.engine.scheduler.kv.blocks_of["gone"] = []  # a finished request still listed as a block holder
+        report = await servicer.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), FakeContext())
+        assert not report.ok and "finished requests hold blocks: {'gone'}" in report.problem
+    finally:
+        loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop_task

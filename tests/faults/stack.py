@@ -1,0 +1,170 @@
+"""The three services as separate real processes on free ports, so a fault test can kill, stop, restart or signal
+any one of them while the others keep running (tests/integration's `pagedserve serve` owns all three together)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+
+from services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
+from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from services.scheduler.integrity import IntegrityReport
+from services.scheduler.scheduler_stats import SchedulerStats
+from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+
+INTERNAL_TOKEN = "fault-suite-internal-token"
+# Quicker detection than the defaults: the worker is probed every 0.2 s and lost when a probe goes unanswered for
+# WORKER_PROBE_TIMEOUT_S with no step finishing; a step over the progress timeout is a deadlocked worker (generous:
+# a first step of a new shape compiles, and the test machine is shared).
+WORKER_PROBE_TIMEOUT_S = 3
+SCHEDULER_FLAGS = ("--step-progress-timeout-s", "60", "--worker-probe-interval-s", "0.2",
+                   "--worker-probe-timeout-s", str(WORKER_PROBE_TIMEOUT_S))
+WORKER_FLAGS = ("--kv-cache-memory-bytes", "256MiB")
+
+
+@dataclass
+class Service:
+    """One service process; its output goes to a log file that survives restarts (appended)."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict
+    process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(f"\n===== start {' '.join(self.argv[2:])}\n")
+            log.flush()
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.env)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        assert self.running, f"{self.name} is not running:\n{self.log_tail()}"
+        self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout_s)
+
+    def kill(self) -> None:
+        if self.running:
+            self.process.send_signal(signal.SIGCONT)  # a stopped process would not run its exit
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, num_lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+@dataclass
+class FaultStack:
+    tmp_dir: Path
+    env: dict
+    worker_port: int = field(default_factory=free_port)
+    scheduler_port: int = field(default_factory=free_port)
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        python = sys.executable
+        self.env = {**self.env, "PAGEDSERVE_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONUNBUFFERED": "1"}
+        self.worker = self._service("worker", [python, "-m", "services.gpu_worker", str(MODEL_DIR),
+                                               "--worker-port", str(self.worker_port), *WORKER_FLAGS])
+        self.scheduler = self._service("scheduler", [
+            python, "-m", "services.scheduler", "--scheduler-port", str(self.scheduler_port),
+            "--worker-address", f"127.0.0.1:{self.worker_port}", *SCHEDULER_FLAGS])
+        self.gateway = self._service("gateway", [
+            python, "-m", "services.gateway", str(MODEL_DIR), "--port", str(self.port),
+            "--scheduler-address", f"127.0.0.1:{self.scheduler_port}", "--health-poll-interval-s", "0.2"])
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120, trust_env=False)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler_port}")
+        self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
+
+    def _service(self, name: str, argv: list[str]) -> Service:
+        return Service(name, argv, self.tmp_dir / f"{name}.log", self.env)
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.worker, self.scheduler, self.gateway]
+
+    def start(self, timeout_s: float) -> None:
+        for service in self.services:
+            service.start()
+        self.wait_health(200, timeout_s)
+        self.warm_up()
+
+    def warm_up(self) -> None:
+        """Steps of each kind once (prompt, cached prompt, decodes of a few rows), so first-use compiles are done."""
+        body = {"messages": [{"role": "user", "content": "Warm up."}], "max_tokens": 8, "temperature": 0.0}
+        for _ in range(2):
+            assert self.http.post("/v1/chat/completions", json={**body, "n": 3}).status_code == 200
+
+    def restart_worker(self, *flags: str, timeout_s: float = 240) -> None:
+        """A fresh worker process on the same port (after the old one is gone), with different flags if given."""
+        assert not self.worker.running
+        self.worker.argv = self.worker.argv[:6] + list(flags or WORKER_FLAGS)
+        self.worker.start()
+        self.wait_health(200, timeout_s)
+        self.warm_up()
+
+    def restart_scheduler(self, *flags: str, timeout_s: float = 60) -> None:
+        """A fresh scheduler on the same port (after the old one is gone), with extra flags if given."""
+        assert not self.scheduler.running
+        self.scheduler.argv = self.scheduler.argv[:7 + len(SCHEDULER_FLAGS)] + list(flags)
+        self.scheduler.start()
+        self.wait_health(200, timeout_s)
+
+    def health(self) -> int:
+        try:
+            return self.http.get("/health", timeout=2).status_code
+        except httpx.HTTPError:
+            return 0
+
+    def wait_health(self, status: int, timeout_s: float) -> float:
+        """Seconds until the gateway's /health answered `status`."""
+        start_s = time.monotonic()
+        try:
+            wait_for(lambda: self.health() == status, timeout_s, interval_s=0.1, what=f"/health {status}")
+        except TimeoutError:
+            raise TimeoutError(f"/health not {status} within {timeout_s}s\n{self.logs()}") from None
+        return time.monotonic() - start_s
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {s.name}\n{s.log_tail()}" for s in self.services)
+
+    def metadata(self) -> tuple:
+        return (("x-pagedserve-token", INTERNAL_TOKEN),)
+
+    def integrity(self) -> IntegrityReport:
+        return integrity_from_pb(self.stub.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), timeout=5,
+                                                          metadata=self.metadata()))
+
+    def stats(self) -> SchedulerStats:
+        return stats_from_pb(self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5,
+                                                metadata=self.metadata()))
+
+    def assert_quiescent_and_intact(self, timeout_s: float = 10) -> IntegrityReport:
+        """No request left anywhere and the block accounting exact: nothing leaked."""
+        def quiet() -> IntegrityReport | None:
+            report = self.integrity()
+            return report if report.num_live_requests == 0 and report.num_used_blocks == 0 else None
+
+        report = wait_for(quiet, timeout_s, interval_s=0.1, what="no live request and no block in use")
+        assert report.ok, report.problem
+        assert report.num_free_blocks + report.num_cached_blocks == report.num_blocks
+        return report
+
+    def close(self) -> None:
+        for service in reversed(self.services):
+            service.kill()
+        self.http.close()
+        self.channel.close()
