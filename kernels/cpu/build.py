@@ -1,16 +1,20 @@
-"""Compile a C kernel of this folder into a shared library for this machine and load it with ctypes.
+"""Compile a C kernel of this folder into a shared library for this machine, cache it on disk, load it with ctypes.
 
-Each process compiles once per kernel (well under a second) into a private temporary folder: `-march=native` code
-is only valid where it was built, so nothing is cached across machines. The library links OpenMP; torch has
-already loaded its own libgomp under the same soname, so the kernel's parallel loops run on torch's threads.
+A library is built once per (source, headers, flags, compiler, CPU) and kept in the cache folder under a name that
+hashes all of them, so later processes on the same machine load it instead of compiling; `-march=native` code is
+only valid where it was built, hence the CPU in the key. Builds go to a temporary name first and are renamed into
+place, so processes starting together never load a half-written file. The library links OpenMP; torch has already
+loaded its own libgomp under the same soname, so the kernel's parallel loops run on torch's threads.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +32,7 @@ ATTENTION_TYPES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch
                    (torch.float32, torch.float16): "f32_kvf16"}
 HERE = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "pagedserve" / "kernels"
 
 
 class KernelBuildError(RuntimeError):
@@ -43,17 +48,64 @@ def compiler() -> str:
 
 
 @functools.cache
-def load_kernel(name: str) -> ctypes.CDLL:
-    """Build kernels/cpu/<name>.c and load it (once per process)."""
-    source = HERE / f"{name}.c"
-    with tempfile.TemporaryDirectory(prefix="pagedserve-kernel-") as folder:
-        library = Path(folder) / f"{name}.so"
-        result = subprocess.run([compiler(), *FLAGS, str(source), "-o", str(library), "-lm"],
-                                capture_output=True, text=True)
+def _compiler_identity(cc: str) -> str:
+    result = subprocess.run([cc, "--version"], capture_output=True, text=True)
+    return f"{shutil.which(cc)}\n{result.stdout}"
+
+
+@functools.cache
+def _cpu_identity(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """What -march=native depends on: the model name and flags of this CPU (the machine type where unreadable)."""
+    path = Path(cpuinfo)
+    lines = path.read_text().splitlines() if path.is_file() else []
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    return "\n".join(wanted) or platform.machine()
+
+
+def build_key(name: str, cc: str, flags: tuple[str, ...] = FLAGS, folder: Path = HERE) -> str:
+    """A hash of everything the library of kernel `name` depends on."""
+    digest = hashlib.sha256()
+    for path in [folder / f"{name}.c", *sorted(folder.glob("*.h"))]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update("\0".join([*flags, _compiler_identity(cc), _cpu_identity()]).encode())
+    return digest.hexdigest()[:20]
+
+
+def compile_library(source: Path, library: Path, cc: str, flags: tuple[str, ...] = FLAGS) -> None:
+    """Compile `source` into `library`, atomically: the final name appears only once the file is complete."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{library.name}.", dir=library.parent)
+    os.close(fd)
+    try:
+        result = subprocess.run([cc, *flags, str(source), "-o", partial, "-lm"], capture_output=True, text=True)
         if result.returncode != 0:
             raise KernelBuildError(f"{source.name} did not compile:\n{result.stderr.strip()}")
-        return ctypes.CDLL(str(library))  # stays mapped after the folder is removed (torch, imported above, has
-        # already loaded its libgomp, so the kernel shares it)
+        os.replace(partial, library)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+
+
+def cached_library(name: str, cache_dir: Path = DEFAULT_CACHE_DIR, flags: tuple[str, ...] = FLAGS) -> Path:
+    """The built library of kernels/cpu/<name>.c in `cache_dir`, compiled first if no process built it yet."""
+    cc = compiler()
+    library = cache_dir / f"{name}-{build_key(name, cc, flags)}.so"
+    if not library.is_file():
+        log.info("compiling the C kernel %s into %s", name, library)
+        compile_library(HERE / f"{name}.c", library, cc, flags)
+    return library
+
+
+@functools.cache
+def load_kernel(name: str, cache_dir: Path = DEFAULT_CACHE_DIR) -> ctypes.CDLL:
+    """Load kernels/cpu/<name>.c's library (once per process), from the on-disk cache where it is already built.
+    A cache folder that cannot be written falls back to a private temporary one (compiled in every process)."""
+    try:
+        return ctypes.CDLL(str(cached_library(name, cache_dir)))
+    except OSError as exc:  # an unwritable cache folder, or a broken file in it
+        log.warning("kernel cache %s unusable (%s); compiling %s privately", cache_dir, exc, name)
+        with tempfile.TemporaryDirectory(prefix="pagedserve-kernel-") as folder:
+            return ctypes.CDLL(str(cached_library(name, Path(folder))))  # stays mapped after the folder goes
 
 
 def bind(library: ctypes.CDLL, symbol: str, argtypes: list, restype=ctypes.c_int):
