@@ -4,8 +4,7 @@
  * values: RMSNorm, the q|k|v projection, rotary on q and k, the KV cache write, paged decode attention, the output
  * projection, the residual add fused into the second RMSNorm, gate|up, SiLU-and-multiply, down and the residual
  * add. The numbers are therefore bit for bit those of that path. What goes away is the Python between the kernels
- * (about 25 calls a layer): on the Zen 3 CI machine about 5 ms of a 21-23 ms single-stream step of the default
- * model.
+ * (about 25 calls a layer; docs/cpu.md).
  *
  * The kernels are not linked in: their entry points (int8_linear.c, packed_linear.c, fused_ops.c, paged_decode.c,
  * each already loaded by its own wrapper) arrive as function pointers in `kernels_t`, so each keeps one copy.

@@ -10,9 +10,8 @@
  * divergence to exact fp32 is about 0.001, below bf16 weights' 0.0016.
  *
  * The inner sums are exact integers: vpmaddubsw multiplies 32 unsigned codes by 32 signed activations into 16 pair
- * sums, and 8 of them (a whole group) add up in 16 bits without overflow (8 * 2 * 15 * 127 = 30480). On the Zen 3
- * CI machine a register tile of 6 rows x 16 columns runs at about 33 multiply-adds a cycle and core, against about
- * 13 for the fp32 GEMM of packed_linear.c.
+ * sums, and 8 of them (a whole group) add up in 16 bits without overflow (8 * 2 * 15 * 127 = 30480).
+ * Measurements: docs/cpu.md.
  *
  * Each output is the same in-order sum over its groups whatever the row count or tile, and each row is quantized on
  * its own: a prompt's rows give the same numbers whole or split across steps (prefix-cache hits keep greedy text).

@@ -7,9 +7,8 @@
  * carried across k-blocks of K_BLOCK (whose slice of the panel stays in L1) through a small buffer. Each output is
  * therefore the same in-order sum of its k terms whatever the row count or tile: a prompt's rows give the same
  * numbers whole or split across steps. Rows go in blocks of BLOCK_ROWS that stay in L2 while the panels stream;
- * panels are handed out to OpenMP threads as they come free (torch's runtime, as in the other kernels). On the Zen 3
- * CI machine (AVX2, 2 threads) all linears of the default model's 30 layers take 37 ms for 16 rows against 55-94 ms
- * through torch, 90-115 ms for 64 against 140-165, and about the same for 512.
+ * panels are handed out to OpenMP threads as they come free (torch's runtime, as in the other kernels).
+ * Measurements: docs/cpu.md.
  *
  * Coded panels: a weight that is exactly q * scale + offset in fp32 for integer codes q and one (scale, offset)
  * per column and GROUP = 32 inputs (a model dequantized from a 4- or 8-bit checkpoint, like the default model)

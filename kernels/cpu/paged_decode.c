@@ -5,12 +5,8 @@
  * threads (the runtime torch already loaded, so torch's own worker threads). A task reads only its request's
  * blocks, up to its own length, in two passes (keys, then values), prefetching the same row of the next block;
  * scores for eight positions at a time (independent sums, reduced together), softmax and sums in fp32, the GQA
- * group's query heads together. Every query head gets the same numbers whatever the batch or task split. On the
- * Zen 3 CI machine (2 threads, fp16 cache, 64 requests of 100-800 tokens, 9 / 3 heads of 64, caches of 8 layers in
- * turn), three interleaved runs took 2.1-3.0 ms a call against 2.6-3.7 with one task per (request, kv head):
- * 17-21% less, about 10 GB/s where a plain read of the same rows gets 11-15. On Zen 4 (bf16, 16-lane vectors),
- * 64 requests of 100-800 tokens take 1.17 ms a layer (19 GB/s; a plain read gets about 27) with the scores of
- * eight positions reduced together, against 1.33 ms with a 16-lane horizontal sum per score (the same numbers).
+ * group's query heads together. Every query head gets the same numbers whatever the batch or task split.
+ * Measurements: docs/cpu.md.
  *
  * Layouts (contiguous): query/out [B, H, D]; key/value cache [N, block_size, Hkv, D]; block_tables [B, nb] int32;
  * seq_lens [B] int32. A query sees positions [max(0, len - window), len); window 0: no sliding window.

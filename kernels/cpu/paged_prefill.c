@@ -13,18 +13,13 @@
  *   - ot [head_dim][rows] = ot * rescale + values^T . st, 6 head dims x 16 rows per tile.
  * A row's result depends only on its own query and keys, taken in the same order whatever the chunking, so a
  * prompt and its uncached tail after a prefix-cache hit give the same numbers. Tasks (request, kv head, row range)
- * are spread over OpenMP threads (torch's runtime, as in the other kernels). On the Zen 3 CI machine (AVX2, 2
- * threads), 8 chunks of 66 tokens over 1,300 cached ones (one 512-token step of the shared-prefix benchmark; 9 query
- * / 3 kv heads of 64) take 15 ms a layer in fp32, 107 GFLOP/s, against 20 ms for this kernel's first version
- * (16-key pieces and per-row scores: horizontal maxima, scalar loops, three tasks reading each context).
+ * are spread over OpenMP threads (torch's runtime, as in the other kernels). Measurements: docs/cpu.md.
  *
  * Where the build machine has AVX512-BF16 (Zen 4, Sapphire Rapids), bf16 steps multiply in bf16 pairs instead
  * (vdpbf16ps: two products a lane into an fp32 sum, twice the fp32 FMA rate): scores pair head dims of the query
  * and key rows as they lie in the cache; outputs pair keys, with the softmax numerators rounded to bf16 (as a
  * bf16 flash attention does) and the piece's values interleaved by key pairs. Scores, maxima, sums and outputs
  * stay fp32, and the pairs are fixed key positions (pieces start at even keys), so chunking still changes nothing.
- * On the Zen 4 CI machine (2 threads) the 512-token shared-prefix step above takes 7.9 ms a layer in bf16 this way
- * against 12.2 ms widened to fp32 (with one task per 66-token chunk: TASK_ROWS).
  *
  * Layouts (contiguous): query/out [T, H, D] (all the step's tokens; chunks at query_starts), caches
  * [num_blocks, block_size, Hkv, D], block_tables [num_requests][table_stride] int32, query_starts
