@@ -23,7 +23,7 @@ import time
 from collections.abc import Set
 from pathlib import Path
 
-from services.gpu_worker.dtype_policy import cpu_flags
+from services.gpu_worker.platforms.cpu.cpu_flags import cpu_flags
 from shared.default_model import GGUF_NAME, download_gguf
 
 # The sdist version the build flags below were checked against; override with LLAMA_CPP_PYTHON_VERSION.

@@ -13,6 +13,7 @@ import torch
 
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.request_state import RequestState
+from services.gpu_worker.step_rows import KeptRows, StepRows
 
 
 @dataclass
@@ -23,7 +24,7 @@ class ModelInput:
     requests: list[RequestState]  # batch order
     num_scheduled: list[int]  # parallel to requests
     sample_indices: list[int]  # indices into `requests` of those that sample a token this step
-    logits_rows: torch.Tensor  # [S] row of each sampling request's last token
+    logits_rows: KeptRows  # the row of each sampling request's last token
 
 
 def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) -> list[int]:
@@ -57,12 +58,13 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
 
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
                       if s + n == len(r.token_ids)]
+    num_decodes = sum(1 for n in num_scheduled if n == 1)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
         seq_lens=seq_lens.to(device=device, dtype=torch.int32),
         block_tables=block_tables.to(device),
-        num_decodes=sum(1 for n in num_scheduled if n == 1),
+        num_decodes=num_decodes,
         max_query_len=max(num_scheduled),
         max_seq_len=int(seq_lens.max()),
         query_start_loc_cpu=query_start_loc.tolist(),
@@ -75,5 +77,6 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
         requests=requests,
         num_scheduled=num_scheduled,
         sample_indices=sample_indices,
-        logits_rows=(query_start_loc[1:][sample_indices] - 1).to(device),
+        logits_rows=KeptRows((query_start_loc[1:][sample_indices] - 1).to(device),
+                             StepRows(len(sample_indices), sum(1 for i in sample_indices if i < num_decodes))),
     )

@@ -21,12 +21,6 @@ def num_blocks_for_budget(config: ModelConfig, budget_bytes: int, block_size: in
     return budget_bytes // (kv_bytes_per_token(config, dtype) * block_size)
 
 
-def gpu_kv_budget_bytes(device: torch.device, memory_fraction: float) -> int:
-    """A fraction of the device memory still free after the weights were loaded."""
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return int(free_bytes * memory_fraction)
-
-
 @dataclass
 class KVCache:
     key_caches: list[torch.Tensor]  # per layer [num_blocks, block_size, num_kv_heads, head_dim]

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
-from kernels.cpu.build import built_or_none
-from kernels.cpu.fused_ops import FusedOps
 from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.layers.linear import Projector
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
+
+if TYPE_CHECKING:
+    from services.gpu_worker.platforms.platform import Platform
 
 _FUSED = {  # fused parameter -> the checkpoint parameters concatenated (along dim 0) to make it
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
     "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
 }
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
-
 
 
 def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
@@ -62,18 +62,17 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               device: torch.device, compile_single_row: bool = False, native_kernels: bool = False,
-               int8_activations: bool = False) -> DecoderLM:
-    """The model on `device`; `native_kernels` (CPU): the C kernels of kernels/cpu for linears (with int8 inputs
-    for 4-bit grid weights when `int8_activations`) and the fused elementwise steps, each falling back to torch with
-    a warning if it cannot be built."""
-    model = DecoderLM(config, backend, max_positions, Projector(compile_single_row, native_kernels, int8_activations))
+               platform: Platform) -> DecoderLM:
+    """The model on the platform's device, every layer bound to the platform's kernels."""
+    model = DecoderLM(config, backend, max_positions)
+    device = platform.device
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
         read_checkpoint(model_dir), config).items()}
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]  # one tensor for both
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match {config.architecture}: missing {missing}, unexpected {unexpected}")
     model.rotary.to(device)
-    if native_kernels and (ops := built_or_none("the C fused-ops kernel", FusedOps)) is not None:
-        model.use_fused_ops(ops)
+    platform.bind_layers(model)
     return model.eval()

@@ -10,14 +10,12 @@ from pathlib import Path
 import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.selection import select_backend
-from services.gpu_worker.dtype_policy import auto_dtype, kv_cache_dtype
-from services.gpu_worker.fused_decode import build_decode_layers
 from services.gpu_worker.generation_defaults import eos_token_ids
 from services.gpu_worker.input_batch import ModelInput, build_model_input
-from services.gpu_worker.kv_cache import KVCache, gpu_kv_budget_bytes, num_blocks_for_budget
+from services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
 from services.gpu_worker.loader import load_model
 from services.gpu_worker.model_config import dtype_name, load_model_config
+from services.gpu_worker.platforms import platform_for
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
@@ -27,40 +25,26 @@ from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, To
 log = logging.getLogger(__name__)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 class ModelRunner:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
-        self.device = resolve_device(config.device)
-        if config.num_threads and self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads)
+        self.platform = platform_for(config)
+        self.device = self.platform.device
         mc = load_model_config(config.model_dir, config.dtype)
         if config.dtype in ("auto", ""):
-            mc = replace(mc, dtype=auto_dtype(mc.dtype, self.device))
+            mc = replace(mc, dtype=self.platform.serving_dtype(mc.dtype))
         self.model_config = mc
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
+        kv_dtype = self.platform.kv_cache_dtype(config.kv_cache_dtype, mc.dtype)
         shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
-        self.backend = select_backend(config.attention_backend, shape, self.device, config.torch_compile,
-                                      config.native_kernels)
-        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.device,
-                                compile_single_row=config.torch_compile and self.device.type == "cpu",
-                                native_kernels=config.native_kernels and self.device.type == "cpu",
-                                int8_activations=config.int8_activations)
-        self.model.proj.warm_up(self.model.projections())
+        self.backend = self.platform.attention_backend(config.attention_backend, shape, mc.dtype, kv_dtype,
+                                                       config.block_size)
+        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform)
         self.eos_token_ids = eos_token_ids(config.model_dir)
-        budget = (gpu_kv_budget_bytes(self.device, config.gpu_memory_utilization) if self.device.type == "cuda"
-                  else config.kv_cache_memory_bytes)
-        kv_dtype = kv_cache_dtype(config.kv_cache_dtype, mc.dtype, self.device)
-        self.kv_cache = KVCache.allocate(mc, num_blocks_for_budget(mc, budget, config.block_size, kv_dtype),
-                                         config.block_size, self.device, kv_dtype)
-        self.backend.warm_up(*self.kv_cache.layers[0], query_dtype=mc.dtype)
-        if config.native_kernels and self.device.type == "cpu":
-            self.model.decode_layers = build_decode_layers(self.model, self.kv_cache, self.backend)
+        num_blocks = num_blocks_for_budget(mc, self.platform.kv_cache_budget_bytes(config), config.block_size,
+                                           kv_dtype)
+        self.kv_cache = KVCache.allocate(mc, num_blocks, config.block_size, self.device, kv_dtype)
+        self.forward = self.platform.model_forward(self.model, self.backend, self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
                  config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
 
@@ -84,10 +68,10 @@ class ModelRunner:
         """Compute the scheduled tokens of each request; sample for those that reach their last known token."""
         start_ns = time.perf_counter_ns()
         batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device)
-        hidden = self.model(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
+        hidden = self.forward(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
         output, sample_ns = StepOutput(), 0
         if batch.sample_indices:
-            logits = self.model.compute_logits(hidden)
+            logits = self.model.compute_logits(hidden, batch.logits_rows.rows)
             sample_start_ns = time.perf_counter_ns()
             output = self._sample(batch, logits)
             sample_ns = time.perf_counter_ns() - sample_start_ns

@@ -11,6 +11,7 @@ import kernels.cpu.paged_decode as native
 from kernels.cpu.build import KernelBuildError
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref
@@ -121,10 +122,16 @@ def test_unsupported_shapes_are_refused() -> None:
                                    batch.seq_lens, 0.125, 0)
 
 
-def test_backend_uses_the_c_kernel_by_default_on_cpu() -> None:
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), compile_decode=True, native_decode=True)
-    cache = torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16)
+def _platform_backend(cache: torch.Tensor) -> TorchAttentionBackend:
+    """The CPU platform's default (C kernels and torch.compile on) over `cache`."""
+    backend = CpuPlatform(native_kernels=True, torch_compile=True).attention_backend(
+        "torch", AttentionShape(6, 2, 64, 0.125), cache.dtype, cache.dtype, cache.shape[1])
     backend.warm_up(cache, cache.clone())
+    return backend
+
+
+def test_backend_uses_the_c_kernel_by_default_on_cpu() -> None:
+    backend = _platform_backend(torch.zeros(8, 16, 2, 64, dtype=torch.bfloat16))
     assert backend.decode_native and not backend.decode_compiled
 
 
@@ -133,9 +140,7 @@ def test_backend_falls_back_to_compiled_when_the_kernel_cannot_build(monkeypatch
         raise KernelBuildError("no C compiler found")
 
     monkeypatch.setattr(native, "load_kernel", no_compiler)
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), compile_decode=True, native_decode=True)
-    cache = torch.zeros(8, 16, 2, 64)
     with caplog.at_level(logging.WARNING):
-        backend.warm_up(cache, cache.clone())
+        backend = _platform_backend(torch.zeros(8, 16, 2, 64))
     assert backend.decode_compiled and not backend.decode_native
     assert "C decode attention kernel is unavailable" in caplog.text

@@ -7,9 +7,10 @@ import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.selection import select_backend
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from services.gpu_worker.platforms.cuda import CudaPlatform
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import cache_write_ref, paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref
@@ -66,6 +67,11 @@ def test_attend_prefill_only_step(device: torch.device) -> None:
     ref = paged_attention_ref(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
                               batch.seq_lens_cpu, batch.query_start_loc_cpu, 0.125)
     assert_close_to_ref(out, ref, torch.bfloat16)
+
+
+def select_backend(name: str, shape: AttentionShape, device: torch.device):
+    platform = CudaPlatform(device) if device.type == "cuda" else CpuPlatform(native_kernels=False)
+    return platform.attention_backend(name, shape, torch.float32, torch.float32, 16)
 
 
 def test_select_triton_on_cpu_under_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
+
+from services.gpu_worker.step_rows import StepRows
 
 
 @dataclass
@@ -35,3 +38,8 @@ class AttentionMetadata:
     @property
     def num_decode_tokens(self) -> int:
         return self.num_decodes
+
+    @cached_property
+    def rows(self) -> StepRows:
+        """The step's rows: every query row, decodes first."""
+        return StepRows(self.query_start_loc_cpu[-1], self.num_decodes)

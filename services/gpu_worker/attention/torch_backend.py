@@ -1,112 +1,65 @@
-"""Paged attention in plain torch, for CPU.
+"""Paged attention in torch, with room for faster decode and prefill kernels a platform hands in (CPU: C ones).
 
-Decodes (one query each) run as one batched call: the C kernel of kernels/cpu when enabled and built (it reads
-each request's own blocks up to its own length), else `paged_decode` compiled by torch.compile, else eagerly.
-Prefill chunks run all together in the C prefill kernel when enabled and built (it reads the paged context in
-place, with an online softmax: no gathered copy, no mask); else each chunk runs as its own
-scaled_dot_product_attention over its gathered context (a step holds few chunks, and padding a long chunk
-against many decodes would cost more). Measured on the CI machine (fp32, AVX2): 8 chunks of 66 tokens over
-1,300 cached ones (a 512-token step of the shared-prefix benchmark) take 15 ms of attention a layer in the C kernel
-(kernels/cpu/paged_prefill.c) against about 27 ms through SDPA. Tensors every layer needs the same
-(masks, index casts) are built once per step and kept in `meta.scratch`.
+Decodes (one query each) run as one batched call of `decode_fn`: `paged_decode` eagerly or compiled, or a kernel
+that reads each request's own blocks up to its own length. Prefill chunks run all together in `prefill_fn` when
+one is given (it reads the paged context in place); else each chunk runs as its own scaled_dot_product_attention
+over its gathered context (a step holds few chunks, and padding a long chunk against many decodes would cost
+more). Tensors every layer needs the same (masks, index casts) are built once per step and kept in
+`meta.scratch`.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.build import built_or_none
-from kernels.cpu.paged_decode import NativePagedDecode
-from kernels.cpu.paged_decode import supports as native_supports
-from kernels.cpu.paged_prefill import NativePagedPrefill
-from kernels.cpu.paged_prefill import supports as native_prefill_supports
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
+from services.gpu_worker.attention.cpu_decode import paged_decode
 from services.gpu_worker.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 SHORT_CHUNK = 128  # 16-bit chunks up to this many queries over a cached context skip SDPA (_short_chunk_attention)
+# (query [B, H, D], key_cache, value_cache, block_tables [B, nb], seq_lens [B], scale, window) -> [B, H, D]
+DecodeFn = Callable[..., torch.Tensor]
+# (query [T, H, D], key_cache, value_cache, block_tables [B, nb], query_starts [B + 1], seq_lens [B], scale,
+#  window) -> [T, H, D]
+PrefillFn = Callable[..., torch.Tensor]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
-    def __init__(self, shape: AttentionShape, compile_decode: bool = False, native_decode: bool = False) -> None:
+    def __init__(self, shape: AttentionShape, decode_fn: DecodeFn = paged_decode, decode_native: bool = False,
+                 prefill_fn: PrefillFn | None = None) -> None:
+        """`decode_native`: `decode_fn` takes the whole int32 block tables and lengths (a C kernel), not int64
+        tables trimmed to the longest context (paged_decode's contract)."""
         super().__init__(shape)
-        self.decode_fn = compiled_paged_decode() if compile_decode else paged_decode
-        self.native_decode = native_decode  # tried by warm_up, which knows the cache dtype (prefill kernel too)
-        self.prefill_fn: NativePagedPrefill | None = None  # set by warm_up
+        self.decode_fn = decode_fn
+        self.decode_native = decode_native
+        self.prefill_fn = prefill_fn
 
     @property
     def decode_compiled(self) -> bool:
         return self.decode_fn is not paged_decode and not self.decode_native
 
-    @property
-    def decode_native(self) -> bool:
-        return isinstance(self.decode_fn, NativePagedDecode)
-
     def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype | None = None
                 ) -> None:
-        """Build the C decode kernel, or compile the decode graphs up front (batch and block counts of 1
-        specialize); on failure fall back to the next option (C kernel -> compiled -> eager) with a warning."""
-        query_dtype = query_dtype or key_cache.dtype
-        if self.native_decode:
-            self._use_native_prefill(key_cache, value_cache, query_dtype)
-        if self.native_decode and self._use_native(key_cache, value_cache, query_dtype):
-            return
+        """Compile the decode graphs up front (batch and block counts of 1 specialize); if compiling fails, run
+        decode attention eagerly, with a warning."""
         if not self.decode_compiled:
             return
         try:
             with torch.inference_mode():  # as steps run: inference tensors and grad mode are part of the guards
                 for batch, num_blocks in ((1, 1), (1, 2), (2, 1), (2, 2), (3, 3)):
-                    self._decode_dummy(self.decode_fn, key_cache, value_cache, batch, num_blocks, query_dtype)
+                    decode_dummy(self.decode_fn, self.shape, key_cache, value_cache, batch, num_blocks,
+                                 query_dtype or key_cache.dtype)
         except Exception as exc:  # a missing C++ compiler, an unsupported platform
             log.warning("torch.compile of decode attention failed (%s: %s); running it eagerly",
                         type(exc).__name__, exc)
             self.decode_fn = paged_decode
-
-    def _use_native(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype) -> bool:
-        s = self.shape
-        if key_cache.device.type != "cpu" or not native_supports(query_dtype, s.num_heads, s.num_kv_heads,
-                                                                 s.head_dim, key_cache.dtype):
-            return False
-        kernel = built_or_none("the C decode attention kernel",
-                               lambda: self._tried(NativePagedDecode(), key_cache, value_cache, query_dtype))
-        if kernel is not None:
-            self.decode_fn = kernel
-        return kernel is not None
-
-    def _use_native_prefill(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype
-                            ) -> None:
-        s = self.shape
-        if key_cache.device.type == "cpu" and native_prefill_supports(query_dtype, s.num_heads, s.num_kv_heads,
-                                                                      s.head_dim, key_cache.shape[1], key_cache.dtype):
-            self.prefill_fn = built_or_none("the C prefill attention kernel", lambda: self._tried_prefill(
-                NativePagedPrefill(), key_cache, value_cache, query_dtype))
-
-    def _tried_prefill(self, kernel: NativePagedPrefill, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                       query_dtype: torch.dtype) -> NativePagedPrefill:
-        query = torch.zeros(3, self.shape.num_heads, self.shape.head_dim, dtype=query_dtype)
-        starts, lens = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
-        kernel(query, key_cache, value_cache, torch.zeros(1, 1, dtype=torch.int32), starts, lens, self.shape.scale,
-               self.shape.sliding_window or 0)
-        return kernel
-
-    def _tried(self, kernel: NativePagedDecode, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               query_dtype: torch.dtype) -> NativePagedDecode:
-        self._decode_dummy(kernel, key_cache, value_cache, 2, 2, query_dtype)
-        return kernel
-
-    def _decode_dummy(self, decode_fn, key_cache: torch.Tensor, value_cache: torch.Tensor, batch: int,
-                      num_blocks: int, query_dtype: torch.dtype) -> None:
-        device = key_cache.device
-        query = torch.zeros(batch, self.shape.num_heads, self.shape.head_dim, dtype=query_dtype, device=device)
-        tables = torch.zeros(batch, num_blocks, dtype=torch.long, device=device)
-        lens = torch.ones(batch, dtype=torch.long, device=device)
-        decode_fn(query, key_cache, value_cache, tables, lens, self.shape.scale, self.shape.sliding_window or 0)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                 value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -167,8 +120,7 @@ class TorchAttentionBackend(AttentionBackend):
 def _short_chunk_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """A short chunk over a long cached context in 16-bit: two batched GEMMs per KV head around a softmax that
-    accumulates in fp32. Measured in-process on 16 requests of 66 new tokens over 1,300 cached ones (bf16), the
-    512-token steps took 600-670 ms this way against 840-880 ms through torch's CPU SDPA.
+    accumulates in fp32 (faster than torch's CPU SDPA there; docs/cpu.md).
 
     query [q, H, D], keys/values [Hkv, L, D], mask additive over the last mask.shape[1] keys -> [q, H, D]."""
     q_len, num_heads, head_dim = query.shape
@@ -270,3 +222,13 @@ def _gather_context(key_cache: torch.Tensor, value_cache: torch.Tensor, block_ta
     keys = key_cache[table].view(batch, num_blocks * block_size, *key_cache.shape[2:])[:, :length]
     values = value_cache[table].view(batch, num_blocks * block_size, *value_cache.shape[2:])[:, :length]
     return keys.transpose(1, 2).to(dtype), values.transpose(1, 2).to(dtype)
+
+
+def decode_dummy(decode_fn: DecodeFn, shape: AttentionShape, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                 batch: int, num_blocks: int, query_dtype: torch.dtype) -> None:
+    """One decode call of `batch` zero queries over the first `num_blocks` blocks (to compile or try a kernel)."""
+    device = key_cache.device
+    query = torch.zeros(batch, shape.num_heads, shape.head_dim, dtype=query_dtype, device=device)
+    tables = torch.zeros(batch, num_blocks, dtype=torch.long, device=device)
+    lens = torch.ones(batch, dtype=torch.long, device=device)
+    decode_fn(query, key_cache, value_cache, tables, lens, shape.scale, shape.sliding_window or 0)

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from kernels.cpu.fused_ops import FusedOps, supports
+# (x [T, D], weight [D], eps, residual [T, D] or None) -> norm(x), after residual += x in place when given
+NormKernel = Callable[[torch.Tensor, torch.Tensor, float, "torch.Tensor | None"], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+             ) -> torch.Tensor:
+    """The portable kernel: with `residual`, residual += x (in place) first and the sum is normalised."""
+    if residual is not None:
+        x = residual.add_(x)
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
 
 
 class RMSNorm(torch.nn.Module):
@@ -12,14 +25,8 @@ class RMSNorm(torch.nn.Module):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype), requires_grad=False)
         self.eps = eps
-        self.fused: FusedOps | None = None  # the C kernels on CPU (DecoderLM.use_fused_ops)
+        self.kernel: NormKernel = rms_norm  # a platform may bind a fused one at load
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """norm(x); with `residual`: residual += x in place first, and the sum is normalised."""
-        if self.fused is not None and supports(x, x.shape[-1]) and x.dim() == 2:
-            return self.fused.rms_norm(x, self.weight, self.eps, residual)
-        if residual is not None:
-            x = residual.add_(x)
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        """norm(x) of x [T, size]; with `residual`: residual += x in place first, and the sum is normalised."""
+        return self.kernel(x, self.weight, self.eps, residual)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -46,9 +47,13 @@ class RotaryEmbedding(torch.nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
+# (q [T, Hq, D], k [T, Hkv, D], cos, sin [T, 1, D/2]) -> rotated (q, k); a kernel may rotate its inputs in place
+RotaryKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
 def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, Hq, D], k [T, Hkv, D] -> rotated copies."""
+    """The portable kernel: q [T, Hq, D], k [T, Hkv, D] -> rotated copies."""
     return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

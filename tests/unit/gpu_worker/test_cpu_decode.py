@@ -53,7 +53,7 @@ def test_compiled_matches_reference_across_batch_shapes(dtype: torch.dtype) -> N
 
 def test_backend_warm_up_compiles_decode() -> None:
     """The serving default: warm-up compiles the decode graphs and keeps them (no silent fall-back to eager)."""
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), compile_decode=True)
+    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), compiled_paged_decode())
     cache = torch.zeros(8, 16, 2, 64)
     backend.warm_up(cache, cache.clone())
     assert backend.decode_compiled

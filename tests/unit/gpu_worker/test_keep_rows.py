@@ -1,4 +1,4 @@
-"""DecoderLM.forward(keep_rows=...): the last layer's output projection and MLP run only on the rows asked for
+"""DecoderLM.forward(keep=...): the last layer's output projection and MLP run only on the rows asked for
 (those that sample), with the same numbers for them and the same keys and values in the cache for every row."""
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ def _step(folder, backend: str, keep: bool) -> tuple[torch.Tensor, torch.Tensor,
         paged._ensure_blocks(state, state.num_computed_tokens + n)
     batch = build_model_input([s for s, _ in scheduled], [n for _, n in scheduled], paged.block_size, paged.device)
     with torch.inference_mode():
-        hidden = paged.model(batch.token_ids, batch.positions, paged.kv.layers, batch.meta,
-                             batch.logits_rows if keep else None)
+        hidden = paged.forward(batch.token_ids, batch.positions, paged.kv.layers, batch.meta,
+                               batch.logits_rows if keep else None)
     caches = [cache[:paged.next_block].clone() for layer in paged.kv.layers for cache in layer]
-    return hidden, batch.logits_rows, caches
+    return hidden, batch.logits_rows.indices, caches
 
 
 @pytest.mark.parametrize("backend", ["torch", "torch+native"])
@@ -54,9 +54,9 @@ def test_a_step_with_no_sampling_row_still_fills_the_cache(folder):
     state = paged.new_request("a", list(range(3, 40)))
     paged._ensure_blocks(state, 20)
     batch = build_model_input([state], [20], paged.block_size, paged.device)
-    assert batch.logits_rows.numel() == 0
+    assert batch.logits_rows.indices.numel() == 0 and batch.logits_rows.rows.num_rows == 0
     with torch.inference_mode():
-        hidden = paged.model(batch.token_ids, batch.positions, paged.kv.layers, batch.meta, batch.logits_rows)
+        hidden = paged.forward(batch.token_ids, batch.positions, paged.kv.layers, batch.meta, batch.logits_rows)
     assert hidden.shape == (0, paged.config.hidden_size)
     reference = PagedModel(folder, backend="torch+native")
     reference.step([(reference.new_request("a", list(range(3, 40))), 20)])

@@ -34,10 +34,12 @@ def test_half_precision_logits_stay_close_to_fp32(tiny_llama, dtype, atol):
     assert (logits - reference).abs().max().item() > 0  # really ran in reduced precision
 
 
-def test_tied_embeddings_have_no_lm_head(tiny_llama):
+def test_tied_embeddings_share_one_tensor_with_the_head(tiny_llama):
     _, folder = tiny_llama
     paged = PagedModel(folder)
-    assert paged.config.tie_word_embeddings and paged.model.lm_head is None
+    model = paged.model
+    assert paged.config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.embed_tokens.weight.data_ptr()
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
@@ -63,18 +65,21 @@ def test_native_kernels_fall_back_to_torch_when_they_cannot_be_built(tiny_llama,
     """No C compiler: the model still loads and matches transformers, through torch, with a warning."""
     import logging
 
-    import services.gpu_worker.loader as loader
+    import services.gpu_worker.platforms.cpu.native as native
     from kernels.cpu.build import KernelBuildError
+    from services.gpu_worker.layers.norm import rms_norm
+    from services.gpu_worker.platforms.cpu.linear import CGemmLinear
 
     def no_compiler():
         raise KernelBuildError("no C compiler found")
 
-    monkeypatch.setattr(loader, "FusedOps", no_compiler)
+    monkeypatch.setattr(native, "FusedOps", no_compiler)
     hf_model, folder = tiny_llama
     with caplog.at_level(logging.WARNING):
         paged = PagedModel(folder, backend="torch+native")
     assert "C fused-ops kernel is unavailable" in caplog.text
-    assert paged.model.norm.fused is None and paged.model.proj.packed is not None  # only the fused ops fell back
+    assert paged.model.norm.kernel is rms_norm  # the fused ops fell back, the C GEMMs did not
+    assert all(isinstance(layer.kernel, CGemmLinear) for layer in paged.model.linears())
     tokens = prompt(9, 20)
     logits = paged.step([(paged.new_request("a", tokens), len(tokens))])["a"]
     torch.testing.assert_close(logits, reference_logits(hf_model, tokens), atol=1e-4, rtol=0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from services.gpu_worker.platforms.cpu.linear import CGemmLinear
 from tests.unit.gpu_worker.tiny_models import TINY_CONFIGS, PagedModel, make_tiny_model
 
 ATOL = 1e-4
@@ -59,7 +60,8 @@ def test_32_decode_steps(tiny, backend):
     tokens = prompt(3, 12 + 32)  # teacher-forced: the decode inputs are fixed random tokens
     paged = PagedModel(folder, backend=backend)
     if backend == "torch+native":  # the decode steps below go through the C kernels, not a silent fall-back
-        assert paged.model.proj.packed is not None and paged.model.norm.fused is not None  # fp32 models
+        assert isinstance(paged.model.lm_head.kernel, CGemmLinear)  # fp32 models
+        assert paged.model.norm.kernel == paged.platform.native.fused_ops.rms_norm
     state = paged.new_request("a", tokens)
     rows = [paged.step([(state, 12)])["a"]]
     rows += [paged.step([(state, 1)])["a"] for _ in range(32)]

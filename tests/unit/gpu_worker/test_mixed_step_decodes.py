@@ -26,15 +26,15 @@ def _decode_logits(paged: PagedModel, req_id: str, beside: list[int] | None, kee
     batch = build_model_input([s for s, _ in scheduled], [n for _, n in scheduled], paged.block_size, paged.device)
     assert batch.requests[0] is state  # decodes first
     with torch.inference_mode():
-        hidden = paged.model(batch.token_ids, batch.positions, paged.kv.layers, batch.meta,
-                             batch.logits_rows if keep else None)
-        return paged.model.compute_logits(hidden)[0]
+        kept = batch.logits_rows if keep else None
+        hidden = paged.forward(batch.token_ids, batch.positions, paged.kv.layers, batch.meta, kept)
+        return paged.model.compute_logits(hidden, batch.meta.rows if kept is None else kept.rows)[0]
 
 
 @pytest.fixture(scope="module")
 def paged(smollm2_dir):
     model = PagedModel(smollm2_dir, block_size=16, num_blocks=64, backend="torch+native", dtype="bfloat16")
-    assert model.model.proj.small_rows is not None, "the C few-row kernel did not build"
+    assert model.platform.native.small_linear is not None, "the C few-row kernel did not build"
     return model
 
 

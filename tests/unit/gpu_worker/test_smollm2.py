@@ -7,8 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedserve.llm import LLM
-from services.gpu_worker.dtype_policy import auto_dtype
 from services.gpu_worker.input_batch import build_model_input
+from services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.request_io import FinishReason
@@ -83,7 +84,7 @@ def test_serving_default_dtype_answers_paris(smollm2_dir, prompts):
     """`--dtype auto` (bfloat16 on CPUs with fast bf16, else fp32) with the C decode attention kernel."""
     llm = LLM(WorkerConfig(model_dir=str(smollm2_dir), kv_cache_memory_bytes=64 * 1024**2))
     runner = llm.engine.worker.runner
-    assert runner.model_config.dtype == auto_dtype(torch.float32, torch.device("cpu"))
+    assert runner.model_config.dtype == CpuPlatform().serving_dtype(torch.float32)
     assert runner.backend.decode_native
     [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in completion.text, completion.text
@@ -98,8 +99,8 @@ def _teacher_forced_logprobs(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     state = RequestState("forced", list(token_ids), len(token_ids), SamplingParams(),
                          list(range(-(-len(token_ids) // block_size))), 0, ())
     batch = build_model_input([state], [len(token_ids)], block_size, runner.device)
-    hidden = runner.model(batch.token_ids, batch.positions, runner.kv_cache.layers, batch.meta)
-    return runner.model.compute_logits(hidden).log_softmax(-1)
+    hidden = runner.forward(batch.token_ids, batch.positions, runner.kv_cache.layers, batch.meta, None)
+    return runner.model.compute_logits(hidden, batch.meta.rows).log_softmax(-1)
 
 
 def test_cpu_serving_default_stays_close_to_fp32(smollm2_dir, prompts, transformers_greedy):
@@ -110,7 +111,9 @@ def test_cpu_serving_default_stays_close_to_fp32(smollm2_dir, prompts, transform
     exact = LLM(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=64 * 1024**2,
                              int8_activations=False, kv_cache_dtype="float32"))
     fast = LLM(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_memory_bytes=64 * 1024**2))
-    assert fast.engine.worker.runner.model.proj.int8_weights  # the default takes the int8 kernel
+    kernels = [layer.kernel for layer in fast.engine.worker.runner.model.linears()]
+    assert any(isinstance(k, CGemmLinear) and k.gemm is fast.engine.worker.runner.platform.native.int8_linear
+               for k in kernels)  # the default takes the int8 kernel
     assert fast.engine.worker.runner.kv_cache.dtype == torch.float16
     kl, agree, total = 0.0, 0, 0
     for prompt, (hf_tokens, _) in zip(prompts, transformers_greedy, strict=True):

@@ -8,12 +8,26 @@ import torch
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.attention.torch_backend import SHORT_CHUNK, TorchAttentionBackend
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from tests.kernels.paged_batch import make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.test_triton_backend import _metadata, _new_token_slots
 from tests.kernels.tolerances import assert_close_to_ref
 
 CPU = torch.device("cpu")
+KERNELS = {"eager": {"native_kernels": False, "torch_compile": False},  # CpuPlatform options of each variant
+           "compiled": {"native_kernels": False, "torch_compile": True},
+           "native": {"native_kernels": True, "torch_compile": False}}
+
+
+def cpu_backend(shape: AttentionShape, kernels: str, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                query_dtype: torch.dtype | None = None) -> TorchAttentionBackend:
+    """The CPU platform's torch backend with `kernels`, warmed up on the caches (as the worker builds it)."""
+    query_dtype = query_dtype or key_cache.dtype
+    backend = CpuPlatform(**KERNELS[kernels]).attention_backend("torch", shape, query_dtype, key_cache.dtype,
+                                                                key_cache.shape[1])
+    backend.warm_up(key_cache, value_cache, query_dtype)
+    return backend
 
 
 @pytest.mark.parametrize("kernels", ["eager", "compiled", "native"])
@@ -25,9 +39,8 @@ def test_mixed_step_matches_reference(dtype: torch.dtype, sliding_window: int | 
     long_chunk = SHORT_CHUNK + 22
     seq_lens, query_lens = [1, 17, 300, 40, 306, long_chunk + 50], [1, 1, 1, 40, 6, long_chunk]
     batch = make_batch(seq_lens, query_lens, 6, 2, 64, 16, dtype, CPU, seed=5)
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, sliding_window), kernels == "compiled",
-                                    native_decode=kernels == "native")
-    backend.warm_up(batch.key_cache, batch.value_cache)
+    backend = cpu_backend(AttentionShape(6, 2, 64, 0.125, sliding_window), kernels, batch.key_cache,
+                          batch.value_cache)
     assert backend.decode_compiled is (kernels == "compiled")
     assert backend.decode_native is (kernels == "native") and (backend.prefill_fn is not None) is (kernels == "native")
     meta = _metadata(batch, _new_token_slots(batch, 16), 3)
@@ -45,8 +58,7 @@ def test_fp16_cache_under_fp32_queries(kernels: str) -> None:
     seq_lens, query_lens = [1, 300, 40, 306, 200], [1, 1, 40, 6, 150]
     batch = make_batch(seq_lens, query_lens, 6, 2, 64, 16, torch.float32, CPU, seed=7)
     key_cache, value_cache = batch.key_cache.half(), batch.value_cache.half()
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125), native_decode=kernels == "native")
-    backend.warm_up(key_cache, value_cache, query_dtype=torch.float32)
+    backend = cpu_backend(AttentionShape(6, 2, 64, 0.125), kernels, key_cache, value_cache, torch.float32)
     assert backend.decode_native is (kernels == "native") and (backend.prefill_fn is not None) is (kernels == "native")
     slots = _new_token_slots(batch, 16)
     meta = _metadata(batch, slots, 2)
@@ -64,17 +76,16 @@ def test_fp16_cache_under_fp32_queries(kernels: str) -> None:
 def test_prefill_kernel_falls_back_to_sdpa_when_it_cannot_build(monkeypatch, caplog) -> None:
     import logging
 
-    import services.gpu_worker.attention.torch_backend as torch_backend
+    import services.gpu_worker.platforms.cpu.native as native
     from kernels.cpu.build import KernelBuildError
 
     def no_compiler():
         raise KernelBuildError("no C compiler found")
 
-    monkeypatch.setattr(torch_backend, "NativePagedPrefill", no_compiler)
+    monkeypatch.setattr(native, "NativePagedPrefill", no_compiler)
     batch = make_batch([30], [30], 6, 2, 64, 16, torch.float32, CPU, seed=1)
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, None), native_decode=True)
     with caplog.at_level(logging.WARNING):
-        backend.warm_up(batch.key_cache, batch.value_cache)
+        backend = cpu_backend(AttentionShape(6, 2, 64, 0.125, None), "native", batch.key_cache, batch.value_cache)
     assert backend.prefill_fn is None and backend.decode_native  # only the prefill kernel fell back
     assert "C prefill attention kernel is unavailable" in caplog.text
     meta = _metadata(batch, _new_token_slots(batch, 16), 0)
@@ -109,8 +120,8 @@ def test_decode_only_step_matches_reference(native: bool) -> None:
     """A step of decodes only returns the decode kernel's output as it is (no shared output buffer)."""
     seq_lens = [1, 17, 300]
     batch = make_batch(seq_lens, [1, 1, 1], 6, 2, 64, 16, torch.float32, CPU, seed=9)
-    backend = TorchAttentionBackend(AttentionShape(6, 2, 64, 0.125, None), native_decode=native)
-    backend.warm_up(batch.key_cache, batch.value_cache)
+    backend = cpu_backend(AttentionShape(6, 2, 64, 0.125, None), "native" if native else "eager", batch.key_cache,
+                          batch.value_cache)
     meta = _metadata(batch, _new_token_slots(batch, 16), 3)
     with torch.inference_mode():
         out = backend.attend(batch.query, batch.key_cache, batch.value_cache, meta)

@@ -83,8 +83,8 @@ def test_block_ids_past_the_pool_and_unknown_mirrors_fail_alone(worker):
 def test_non_finite_logits_fail_their_request_alone(worker, monkeypatch):
     compute_logits = worker.runner.model.compute_logits
 
-    def poisoned(hidden):
-        logits = compute_logits(hidden)
+    def poisoned(hidden, rows):
+        logits = compute_logits(hidden, rows)
         logits[1] = float("nan")  # the second sampling row
         return logits
 

@@ -8,12 +8,14 @@ import torch
 import transformers
 
 from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.selection import select_backend
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.kv_cache import KVCache
 from services.gpu_worker.loader import load_model
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig, load_model_config
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from services.gpu_worker.platforms.cuda import CudaPlatform
+from services.gpu_worker.platforms.platform import Platform
 from services.gpu_worker.request_state import RequestState
 from shared.sampling_params import SamplingParams
 
@@ -51,22 +53,25 @@ def make_tiny_model(name: str, folder: Path, seed: int = 0) -> torch.nn.Module:
 
 
 class PagedModel:
-    """Our DecoderLM over a small paged KV cache, with a trivial block allocator for tests."""
+    """Our DecoderLM over a small paged KV cache, with a trivial block allocator for tests.
+
+    `backend`: "torch" (torch only), "torch+native" (with the C kernels of kernels/cpu) or "triton" (on a CUDA
+    machine compiled on the GPU, else through Triton's interpreter on CPU); `platform` overrides the CPU one."""
 
     def __init__(self, folder: Path, block_size: int = 4, num_blocks: int = 256, backend: str = "torch",
-                 dtype: str = "float32") -> None:
+                 dtype: str = "float32", platform: Platform | None = None) -> None:
         self.config: ModelConfig = load_model_config(folder, dtype)
         c = self.config
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
-        # on a CUDA machine the triton backend runs compiled on the GPU; on CPU through the interpreter
-        device = torch.device("cuda" if backend == "triton" and torch.cuda.is_available() else "cpu")
-        self.device = device
-        native = backend == "torch+native"  # the torch backend with the C kernels of kernels/cpu
-        attention = select_backend(backend.removesuffix("+native"), shape, device, native_decode=native)
-        self.model: DecoderLM = load_model(folder, c, attention, 256, device, native_kernels=native)
-        self.kv = KVCache.allocate(c, num_blocks, block_size, device)
-        attention.warm_up(*self.kv.layers[0])  # builds the C decode kernel when asked
-        self.model.proj.warm_up(self.model.projections())
+        if platform is None and backend == "triton" and torch.cuda.is_available():
+            platform = CudaPlatform(torch.device("cuda"))
+        self.platform = platform or CpuPlatform(native_kernels=backend == "torch+native", torch_compile=False)
+        self.device = self.platform.device
+        attention = self.platform.attention_backend(backend.removesuffix("+native"), shape, c.dtype, c.dtype,
+                                                    block_size)
+        self.model: DecoderLM = load_model(folder, c, attention, 256, self.platform)
+        self.kv = KVCache.allocate(c, num_blocks, block_size, self.device)
+        self.forward = self.platform.model_forward(self.model, attention, self.kv)
         self.block_size = block_size
         self.next_block = 0
 
@@ -88,7 +93,8 @@ class PagedModel:
             self._ensure_blocks(state, state.num_computed_tokens + n)
         batch = build_model_input([s for s, _ in scheduled], [n for _, n in scheduled], self.block_size,
                                   self.device)
-        logits = self.model.compute_logits(self.model(batch.token_ids, batch.positions, self.kv.layers, batch.meta))
+        hidden = self.forward(batch.token_ids, batch.positions, self.kv.layers, batch.meta, None)
+        logits = self.model.compute_logits(hidden, batch.meta.rows)
         starts = batch.meta.query_start_loc_cpu
         out = {}
         for i, (state, n) in enumerate(zip(batch.requests, batch.num_scheduled, strict=True)):

@@ -1,21 +1,14 @@
-"""bf16 projections on weights prepacked once for oneDNN (torch's mkldnn linear ops).
+"""bf16 products on weights prepacked once for oneDNN (torch's mkldnn linear ops), and their row-count contract.
 
-F.linear on a bf16 CPU tensor reorders the weight into oneDNN's blocked layout on every call; for the few rows of
-a decode step that reorder costs about as much as the product. Packed once at warm-up (a copy beside each
-weight), all weights of the default model's 30 layers take 15 ms for 8 rows on the Zen 4 CI machine (AVX512-BF16,
-2 threads) against 28 in the C few-row kernel and F.linear, 20 ms for 16 rows (30 through F.linear) and 50 ms for
-64 (76). Up to MIN_ROWS rows of a decode step the C kernel streams the weights faster (10 ms for one row against
-14). The packing is for BATCH_HINT rows; every row count gives the same numbers, the same as F.linear bit for bit
-(one oneDNN product), so prompt chunks of any size use it too (all weights at 512 rows: 277 ms against 293
-through F.linear). CPUs with fast bf16 only.
+F.linear on a bf16 CPU tensor reorders the weight into oneDNN's blocked layout on every call; a weight packed once
+(a copy beside it, for BATCH_HINT rows) skips that and gives the same oneDNN product, bit for bit. CPUs with fast
+bf16 only (AVX512-BF16 or AMX).
 
-On CPUs with AMX, oneDNN's choice of kernel and blocking follows the row count, and so do a row's last bits: on a
-2-vCPU Xeon, rows of a 1536-input projection came out differently at 45-69 rows than at 1-44 or 600, those of a
-576-input one at 14-32. There the Projector sends prompt rows in tiles of TILE_ROWS (fewer rows fill a scratch
-tile, more end with an overlapping one): within one row count a row's numbers depend neither on its place nor on
-the rows beside it, so every row count gives the same numbers again. The tiles cost little against what AMX gives
-(all weights of the default model's 30 layers: 512 rows in 8 tiles 110 ms against 67 in one call and 553 without
-AMX; 5-63 rows as a tile 16 ms against about 10 in one call, which is why decode rows stay one call).
+Row-count contract: without AMX a row's outputs do not depend on how many rows share the call, from two rows up
+(a lone row is computed as two by the caller). With AMX oneDNN's kernel and blocking, and so a row's last bits,
+follow the row count; `prepacked_linear(..., tile)` then runs calls of exactly `tile` rows (fewer rows fill a
+scratch tile, more end with an overlapping tile), so a row's numbers depend neither on its place nor on the rows
+beside it. Measurements: docs/cpu.md.
 """
 
 from __future__ import annotations
@@ -23,10 +16,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.dtype_policy import cpu_has_amx, cpu_has_fast_bf16
+from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
 
 BATCH_HINT = 64  # rows oneDNN picks its packing for (a full decode batch)
-MIN_ROWS = 4  # up to this many rows the C few-row kernel is faster (linear.py)
+MIN_ROWS = 4  # up to this many decode rows the C few-row kernel is faster than a prepacked product
 TILE_ROWS = 64  # rows per oneDNN call on AMX CPUs (tile_rows)
 
 

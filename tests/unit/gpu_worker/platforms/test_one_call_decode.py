@@ -1,4 +1,4 @@
-"""Decode-only steps in one C call (services/gpu_worker/fused_decode.py) give the layer-by-layer path's numbers,
+"""Decode-only steps in one C call (platforms/cpu/one_call_decode.py) give the layer-by-layer path's numbers,
 bit for bit, in the hidden states and in the KV cache, and are left out where a layer does not run on the C kernels."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from gguf import GGMLQuantizationType
 
 from kernels.cpu.decode_layers import DecodeLayers
 from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.selection import select_backend
-from services.gpu_worker.fused_decode import build_decode_layers
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.kv_cache import KVCache
+from services.gpu_worker.layers.linear import TorchLinear
 from services.gpu_worker.loader import load_model
 from services.gpu_worker.model_config import load_model_config
+from services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode, build_one_call_decode
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from services.gpu_worker.request_state import RequestState
 from shared.sampling_params import SamplingParams
 from tests.kernels.test_cpu_packed_linear import grid_weight
@@ -55,21 +56,21 @@ class Paged:
     def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool) -> None:
         c = self.config = load_model_config(folder, "float32")
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
-        self.backend = select_backend("torch", shape, torch.device("cpu"), native_decode=True)
-        self.model = load_model(folder, c, self.backend, 256, torch.device("cpu"), native_kernels=True,
-                                int8_activations=int8)
-        self.model.proj.warm_up(self.model.projections())
+        self.platform = CpuPlatform(native_kernels=True, torch_compile=False, int8_activations=int8)
+        self.backend = self.platform.attention_backend("torch", shape, torch.float32, cache_dtype, BLOCK)
+        self.model = load_model(folder, c, self.backend, 256, self.platform)
         self.kv = KVCache.allocate(c, 64, BLOCK, torch.device("cpu"), cache_dtype)
-        self.backend.warm_up(*self.kv.layers[0], query_dtype=torch.float32)
-        self.decode_layers = build_decode_layers(self.model, self.kv, self.backend)
-        self.model.decode_layers = self.decode_layers if fused else None
+        self.forward = self.platform.model_forward(self.model, self.backend, self.kv)
+        self.one_call = self.forward if isinstance(self.forward, OneCallDecode) else None
+        if not fused:
+            self.forward = self.model.forward
 
     @torch.inference_mode()
     def step(self, states: list[RequestState], counts: list[int], skip_row: int | None = None) -> torch.Tensor:
         batch = build_model_input(states, counts, BLOCK, torch.device("cpu"))
         if skip_row is not None:
             batch.meta.slot_mapping[skip_row] = -1
-        hidden = self.model(batch.token_ids, batch.positions, self.kv.layers, batch.meta)
+        hidden = self.forward(batch.token_ids, batch.positions, self.kv.layers, batch.meta, None)
         for state, n in zip(states, counts, strict=True):
             state.num_computed_tokens += n
         return hidden
@@ -98,9 +99,9 @@ def _run(paged: Paged, lengths: list[int], decodes: int) -> list[torch.Tensor]:
 def test_one_call_gives_the_layer_path_numbers(tmp_path, name: str, int8: bool, cache_dtype: torch.dtype) -> None:
     _save(name, tmp_path, grid=int8)
     fused, layered = (Paged(tmp_path, int8, cache_dtype, fused=f) for f in (True, False))
-    assert fused.decode_layers is not None
+    assert fused.one_call is not None
     if int8:
-        assert fused.model.proj.int8_weights, "the grid weights should take int8 inputs"
+        assert fused.one_call.layers.kernels.int8 is not None, "the grid weights should take int8 inputs"
     lengths = [3, 17, 9]  # past the sliding window of 12, across block edges
     for ours, theirs in zip(_run(fused, lengths, 5), _run(layered, lengths, 5), strict=True):
         assert torch.equal(ours, theirs)
@@ -112,8 +113,8 @@ def test_the_one_call_path_runs_decode_steps_only(tmp_path, monkeypatch) -> None
     _save("llama", tmp_path, grid=False)
     paged = Paged(tmp_path, False, torch.float32, fused=True)
     calls = []
-    original = type(paged.decode_layers).__call__
-    monkeypatch.setattr(type(paged.decode_layers), "__call__", lambda self, *a: calls.append(1) or original(self, *a))
+    original = DecodeLayers.__call__
+    monkeypatch.setattr(DecodeLayers, "__call__", lambda self, *a: calls.append(1) or original(self, *a))
     states = _requests([5, 6])
     paged.step(states, [5, 6])
     assert not calls  # prefill
@@ -124,16 +125,17 @@ def test_the_one_call_path_runs_decode_steps_only(tmp_path, monkeypatch) -> None
 def test_q_k_norms_stay_layer_by_layer(tmp_path, caplog) -> None:
     _save("qwen3", tmp_path, grid=False)
     with caplog.at_level("INFO"):
-        assert Paged(tmp_path, False, torch.float32, fused=True).decode_layers is None
+        assert Paged(tmp_path, False, torch.float32, fused=True).one_call is None
     assert "q/k norms" in caplog.text
 
 
 def test_a_projection_outside_the_c_gemms_stays_layer_by_layer(tmp_path, caplog) -> None:
     _save("llama", tmp_path, grid=False)
     paged = Paged(tmp_path, False, torch.float32, fused=False)
-    paged.model.proj.packed_weights.pop(paged.model.layers[1].mlp.down_proj)
+    down = paged.model.layers[1].mlp.down_proj
+    down.kernel = TorchLinear(down.weight, down.bias)
     with caplog.at_level("INFO"):
-        assert build_decode_layers(paged.model, paged.kv, paged.backend) is None
+        assert build_one_call_decode(paged.model, paged.kv, paged.backend, paged.platform.native) is None
     assert "a projection outside the C GEMMs" in caplog.text
 
 
@@ -141,7 +143,7 @@ def test_a_projection_of_another_width_than_the_shape_is_refused(tmp_path) -> No
     """decode_layers.c sizes its scratch from the shape: a layer whose projection disagrees must not reach it."""
     _save("llama", tmp_path, grid=False)
     paged = Paged(tmp_path, False, torch.float32, fused=True)
-    fused = paged.decode_layers
+    fused = paged.one_call.layers
     wide = dataclasses.replace(fused.layers[1], gate_up=fused.layers[1].down)
     with pytest.raises(ValueError, match="layer 1: the gate_up projection is 96 -> 128"):
         DecodeLayers(fused.kernels, fused.shape, [fused.layers[0], wide])

@@ -1,0 +1,76 @@
+"""The CPU platform: bf16 where the CPU is fast at it, the C kernels of kernels/cpu where they build, torch (or
+torch.compile) where they do not."""
+
+from __future__ import annotations
+
+import torch
+
+from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.kv_cache import KVCache
+from services.gpu_worker.model import DecoderLM
+from services.gpu_worker.model_config import parse_dtype
+from services.gpu_worker.platforms.cpu import attention
+from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_fast_bf16
+from services.gpu_worker.platforms.cpu.elementwise import bind_fused_ops
+from services.gpu_worker.platforms.cpu.linear import LinearOptions, bind_linears
+from services.gpu_worker.platforms.cpu.native import NativeKernels
+from services.gpu_worker.platforms.cpu.one_call_decode import build_one_call_decode
+from services.gpu_worker.platforms.platform import ModelForward, Platform
+from services.gpu_worker.worker_config import WorkerConfig
+
+
+class CpuPlatform(Platform):
+    """The flags keep the worker's names: `native_kernels` (the C kernels), `torch_compile` (compiled fallbacks),
+    `int8_activations` (fp32: 4-bit grid weights multiply int8 inputs)."""
+
+    name = "cpu"
+    default_attention_backend = "torch"
+
+    def __init__(self, native_kernels: bool = True, torch_compile: bool = True, int8_activations: bool = False,
+                 num_threads: int | None = None) -> None:
+        super().__init__(torch.device("cpu"))
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.options = LinearOptions(native_kernels, torch_compile, int8_activations)
+        self.native = NativeKernels() if native_kernels else None
+
+    @classmethod
+    def from_config(cls, config: WorkerConfig) -> CpuPlatform:
+        return cls(config.native_kernels, config.torch_compile, config.int8_activations, config.num_threads)
+
+    def serving_dtype(self, checkpoint: torch.dtype) -> torch.dtype:
+        """bf16 checkpoints keep their dtype; fp32 and fp16 ones run in bf16 on CPUs with AVX512-BF16 or AMX, else
+        in fp32 (fp16 and, without those, bf16 matmuls are slow on CPUs)."""
+        if checkpoint == torch.bfloat16:
+            return checkpoint
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+    def kv_cache_dtype(self, name: str, model: torch.dtype) -> torch.dtype:
+        """`auto`: float16 for an fp32 model (half the bytes a decode step reads; scores and sums stay fp32), else
+        the model's; any dtype may be asked for."""
+        if name == "auto":
+            return torch.float16 if model == torch.float32 else model
+        return parse_dtype(name, model)
+
+    def kv_cache_budget_bytes(self, config: WorkerConfig) -> int:
+        return config.kv_cache_memory_bytes
+
+    def attention_backend(self, name: str, shape: AttentionShape, query_dtype: torch.dtype,
+                          cache_dtype: torch.dtype, block_size: int) -> AttentionBackend:
+        if self.backend_name(name) == "triton":
+            return attention.triton_backend(shape, attention.triton_interpreted())
+        return attention.torch_backend(shape, query_dtype, cache_dtype, block_size, self.native,
+                                       self.options.torch_compile)
+
+    def bind_layers(self, model: DecoderLM) -> None:
+        bind_linears(model.linears(), self.native, self.options)
+        if self.native is not None and self.native.fused_ops is not None:
+            bind_fused_ops(model, self.native.fused_ops)
+
+    def model_forward(self, model: DecoderLM, backend: AttentionBackend, kv_cache: KVCache) -> ModelForward:
+        """The model's forward, or (fp32 models on the C kernels) one that runs decode-only steps in one C call."""
+        forward = super().model_forward(model, backend, kv_cache)
+        if self.native is None or not isinstance(backend, TorchAttentionBackend):
+            return forward
+        return build_one_call_decode(model, kv_cache, backend, self.native) or forward

@@ -1,0 +1,63 @@
+"""Each platform's dtype policy: `--dtype auto` keeps half checkpoints where the device computes them and serves fp32
+ones in bfloat16 where it is fast at it; `--kv-cache-dtype auto` is the model's, but fp16 under fp32 on CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.gpu_worker.platforms.cpu import platform as cpu_platform
+from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from services.gpu_worker.platforms.cuda import CudaPlatform
+
+
+@pytest.mark.parametrize(("flags", "fast", "amx"), [
+    ("fpu sse avx2 avx512f avx512_bf16 amx_tile", True, False),
+    ("fpu sse avx2 amx_bf16 amx_tile", True, True),
+    ("fpu sse avx2 avx512f avx512_vnni", False, False),
+])
+def test_cpu_flags(tmp_path, flags: str, fast: bool, amx: bool) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n")
+    assert cpu_has_fast_bf16(str(cpuinfo)) is fast
+    assert cpu_has_amx(str(cpuinfo)) is amx
+
+
+def test_missing_cpuinfo_means_no_bf16(tmp_path) -> None:
+    assert cpu_has_fast_bf16(str(tmp_path / "absent")) is False
+    assert cpu_has_amx(str(tmp_path / "absent")) is False
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_auto_rules_on_cpu(monkeypatch, fast: bool) -> None:
+    monkeypatch.setattr(cpu_platform, "cpu_has_fast_bf16", lambda: fast)
+    cpu = CpuPlatform(native_kernels=False)
+    half = torch.bfloat16 if fast else torch.float32
+    assert cpu.serving_dtype(torch.float32) == half
+    assert cpu.serving_dtype(torch.float16) == half  # fp16 matmuls are slow on CPUs
+    assert cpu.serving_dtype(torch.bfloat16) == torch.bfloat16
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_auto_rules_on_cuda(monkeypatch, bf16: bool) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    cuda = CudaPlatform(torch.device("cuda"))  # touches no device
+    assert cuda.serving_dtype(torch.float32) == (torch.bfloat16 if bf16 else torch.float32)
+    assert cuda.serving_dtype(torch.float16) == torch.float16
+    assert cuda.serving_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def test_kv_cache_dtype() -> None:
+    """auto: fp16 for an fp32 model on CPU, else the model's; an explicit narrower cache only on CPU."""
+    cpu, cuda = CpuPlatform(native_kernels=False), CudaPlatform(torch.device("cuda"))
+    assert cpu.kv_cache_dtype("auto", torch.float32) == torch.float16
+    assert cpu.kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert cuda.kv_cache_dtype("auto", torch.float32) == torch.float32
+    assert cpu.kv_cache_dtype("float32", torch.float32) == torch.float32
+    assert cpu.kv_cache_dtype("float16", torch.bfloat16) == torch.float16
+    assert cuda.kv_cache_dtype("bfloat16", torch.bfloat16) == torch.bfloat16
+    with pytest.raises(ValueError, match="only supported on CPU"):
+        cuda.kv_cache_dtype("float16", torch.bfloat16)
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        cpu.kv_cache_dtype("fp8", torch.float32)
