@@ -70,7 +70,7 @@ def _passes_through(exc: Exception) -> bool:
 
 
 def map_errors(method):
-    """Decorate a servicer method (sync, async, or async generator) so exceptions become gRPC statuses."""
+    """Decorate a servicer method (sync, async, or a generator of either kind) so exceptions become gRPC statuses."""
     if inspect.isasyncgenfunction(method):
         @functools.wraps(method)
         async def stream_wrapper(self, request, context):
@@ -83,6 +83,16 @@ def map_errors(method):
                 code, details, metadata = _status(exc, method.__name__)
                 await context.abort(code, details, trailing_metadata=metadata)
         return stream_wrapper
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def sync_stream_wrapper(self, request, context):
+            try:
+                yield from method(self, request, context)
+            except Exception as exc:
+                if _passes_through(exc):
+                    raise
+                _abort(context, *_status(exc, method.__name__))
+        return sync_stream_wrapper
     if inspect.iscoroutinefunction(method):
         @functools.wraps(method)
         async def async_wrapper(self, request, context):
@@ -102,8 +112,12 @@ def map_errors(method):
         except Exception as exc:
             if _passes_through(exc):
                 raise
-            code, details, metadata = _status(exc, method.__name__)
-            if metadata:
-                context.set_trailing_metadata(metadata)
-            context.abort(code, details)
+            _abort(context, *_status(exc, method.__name__))
     return sync_wrapper
+
+
+def _abort(context, code: grpc.StatusCode, details: str, metadata: tuple[tuple[str, str], ...]) -> None:
+    """A sync servicer's abort: the trailing metadata is set first (its abort takes none)."""
+    if metadata:
+        context.set_trailing_metadata(metadata)
+    context.abort(code, details)

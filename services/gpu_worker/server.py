@@ -1,19 +1,23 @@
-"""The gpu-worker's gRPC server: Describe and Step around one Worker. Health: "" (liveness) SERVING while the
-process serves gRPC; pagedserve.v1.WorkerService (readiness) SERVING once the model is loaded.
+"""The gpu-worker's gRPC server: Describe, Steps (the scheduler's stream of steps) and Step around one Worker.
+Health: "" (liveness) SERVING while the process serves gRPC; pagedserve.v1.WorkerService (readiness) SERVING once
+the model is loaded.
 
 The model is built and every step runs on one dedicated thread. gRPC hands calls to a pool of threads, and each
 thread that enters torch's OpenMP regions gets its own team of worker threads, which spin after each region: steps
 hopping between pool threads left several teams competing for the cores (single-stream steps took ~1.8x longer).
 
-One process per device. Steps are serialised (one forward at a time); health and Describe answer meanwhile.
-Health: "" is liveness (SERVING while the process runs), "pagedserve.v1.WorkerService" readiness (model loaded).
+One process per device. Steps are serialised (one forward at a time); health and Describe answer meanwhile. On the
+Steps stream a reader thread hands each step to the model thread as it arrives, so the next step is queued while
+one runs (async scheduling), and the replies go back in order.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from typing import TYPE_CHECKING
 
@@ -70,34 +74,59 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     @map_errors
     def Step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:  # noqa: N802
+        parent = incoming_context(context.invocation_metadata())
+        return step_output_to_pb(self._submit(self._ready(), request, parent).result())
+
+    @map_errors
+    def Steps(self, request_iterator: Iterator[worker_pb2.StepRequest], context  # noqa: N802
+              ) -> Iterator[worker_pb2.StepReply]:
+        """Reply to each step in order; a step that fails ends the stream, and the steps queued after it are
+        dropped."""
+        worker = self._ready()
+        submitted: queue.SimpleQueue[futures.Future | None] = queue.SimpleQueue()
+        threading.Thread(target=self._queue_steps, args=(worker, request_iterator, submitted), daemon=True,
+                         name="steps-reader").start()
+        try:
+            while (future := submitted.get()) is not None:
+                yield step_output_to_pb(future.result())
+        finally:  # the stream failed or was cancelled: steps not started yet are not run
+            while not submitted.empty():
+                if (future := submitted.get_nowait()) is not None:
+                    future.cancel()
+
+    def _queue_steps(self, worker: Worker, requests: Iterator[worker_pb2.StepRequest],
+                     submitted: queue.SimpleQueue[futures.Future | None]) -> None:
+        """The stream's reader: each step goes to the model thread as soon as it arrives."""
+        try:
+            for request in requests:
+                parent = context_from_traceparent(request.traceparent) if request.traceparent else None
+                submitted.put(self._submit(worker, request, parent))
+        except grpc.RpcError:  # the scheduler went away: the stream is over
+            pass
+        finally:
+            submitted.put(None)
+
+    def _submit(self, worker: Worker, request: worker_pb2.StepRequest, parent) -> futures.Future:
+        """Queue the step on the model thread (one step at a time); spans end when it does."""
+        step = step_input_from_pb(request)
+        step_span = None
+        if parent is not None and trace.get_current_span(parent).get_span_context().is_valid:  # a traced step
+            step_span = get_tracer().start_span("worker.step", context=parent,
+                                                attributes=_step_attributes(request.step_id, step))
+        # without a step span the requests' own spans still join their traces
+        request_spans = _start_request_spans(traceparents_from_pb(request), step, step_span)
         with self._lock:
             self.num_steps_in_flight += 1
-        try:
-            return self._step(request, context)
-        finally:
-            with self._lock:
-                self.num_steps_in_flight -= 1
-                self.last_step_end_s = time.monotonic()
+        future = self._model_thread.submit(self._execute, worker, step)
+        future.add_done_callback(self._step_ended)
+        if step_span is not None or request_spans:
+            future.add_done_callback(lambda done: _end_step_spans(done, step_span, request_spans))
+        return future
 
-    def _step(self, request: worker_pb2.StepRequest, context) -> worker_pb2.StepReply:
-        worker = self._ready()
-        step = step_input_from_pb(request)
-        parent = incoming_context(context.invocation_metadata())
-        if trace.get_current_span(parent).get_span_context().is_valid:  # a step the scheduler traces
-            with get_tracer().start_as_current_span("worker.step", context=parent,
-                                                    attributes=_step_attributes(request.step_id, step)) as span:
-                output = self._run_step(worker, step, traceparents_from_pb(request), span)
-                span.set_attribute("forward_time_ns", output.forward_time_ns)
-        else:  # no trace of its own per step: the requests' spans below still join their traces
-            output = self._run_step(worker, step, traceparents_from_pb(request), None)
-        return step_output_to_pb(output)
-
-    def _run_step(self, worker: Worker, step: StepInput, traceparents: dict[str, str],
-                  step_span: trace.Span | None) -> StepOutput:
-        request_spans = _start_request_spans(traceparents, step, step_span)
-        output = self._model_thread.submit(self._execute, worker, step).result()  # one step at a time
-        _end_request_spans(request_spans, output)
-        return output
+    def _step_ended(self, done: futures.Future) -> None:
+        with self._lock:
+            self.num_steps_in_flight -= 1
+            self.last_step_end_s = time.monotonic()
 
     def _execute(self, worker: Worker, step: StepInput) -> StepOutput:
         """On the model thread: run the step and say how long the thread waited for it since its last one."""
@@ -132,11 +161,16 @@ def _start_request_spans(traceparents: dict[str, str], step: StepInput, step_spa
     return spans
 
 
-def _end_request_spans(spans: dict[str, trace.Span], output: StepOutput) -> None:
-    sampled = dict(zip(output.req_ids, output.sampled_token_ids, strict=True))
-    for req_id, span in spans.items():
+def _end_step_spans(done: futures.Future, step_span: trace.Span | None, request_spans: dict[str, trace.Span]) -> None:
+    output = None if done.cancelled() or done.exception() is not None else done.result()
+    sampled = set(output.req_ids) if output is not None else set()
+    for req_id, span in request_spans.items():
         span.set_attribute("sampled", req_id in sampled)
         span.end()
+    if step_span is not None:
+        if output is not None:
+            step_span.set_attribute("forward_time_ns", output.forward_time_ns)
+        step_span.end()
 
 
 def build_server(servicer: WorkerServicer, host: str, port: int, internal_token: str = ""

@@ -9,9 +9,10 @@ from services.proto_gen import worker_pb2
 from shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput, StepOutput
 
 
-def step_input_to_pb(step: StepInput, step_id: int = 0,
-                     traceparents: Mapping[str, str] | None = None) -> worker_pb2.StepRequest:
-    """`traceparents` (req_id -> W3C traceparent) lets worker spans of a new request join its trace."""
+def step_input_to_pb(step: StepInput, step_id: int = 0, traceparents: Mapping[str, str] | None = None,
+                     step_traceparent: str = "") -> worker_pb2.StepRequest:
+    """`traceparents` (req_id -> W3C traceparent) lets worker spans of a new request join its trace;
+    `step_traceparent` makes the worker's step span a child of the scheduler's (a traced step)."""
     traceparents = traceparents or {}
     return worker_pb2.StepRequest(
         new_requests=[worker_pb2.NewRequest(
@@ -24,8 +25,7 @@ def step_input_to_pb(step: StepInput, step_id: int = 0,
         scheduled_req_ids=list(step.num_scheduled_tokens),
         num_scheduled_tokens=list(step.num_scheduled_tokens.values()),
         finished_req_ids=step.finished_req_ids,
-        step_id=step_id,
-        incarnation_id=step.incarnation_id)
+        step_id=step_id, incarnation_id=step.incarnation_id, traceparent=step_traceparent)
 
 
 def step_input_from_pb(pb: worker_pb2.StepRequest) -> StepInput:

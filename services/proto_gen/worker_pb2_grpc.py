@@ -45,6 +45,11 @@ class WorkerServiceStub:
                 request_serializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
                 _registered_method=True)
+        self.Steps = channel.stream_stream(
+                '/pagedserve.v1.WorkerService/Steps',
+                request_serializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -58,7 +63,17 @@ class WorkerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Step(self, request, context):
-        """Runs one engine step: apply the deltas to the request mirrors, one forward, sample where due.
+        """Runs one engine step: apply the deltas to the request mirrors, one forward, sample where due (for tools and
+        tests; the scheduler sends its steps on Steps).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Steps(self, request_iterator, context):
+        """The scheduler's steps, in order, on one stream; one reply per step, in the same order. The worker queues each
+        step as it arrives and runs it the moment the previous one ends, so with async scheduling (the next step sent
+        while one runs) it never waits for a round trip. A broken stream ends the scheduler's session: it reconnects.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,6 +89,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
             ),
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.SerializeToString,
+            ),
+            'Steps': grpc.stream_stream_rpc_method_handler(
+                    servicer.Steps,
                     request_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.SerializeToString,
             ),
@@ -130,6 +150,33 @@ class WorkerService:
             request,
             target,
             '/pagedserve.v1.WorkerService/Step',
+            pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
+            pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Steps(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pagedserve.v1.WorkerService/Steps',
             pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
             pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
             options,

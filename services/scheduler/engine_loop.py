@@ -4,9 +4,15 @@ Everything that touches the Scheduler runs on the event loop thread, so adds and
 without locks: an abort frees the request's blocks at once, and an output of a step that was in flight for an
 aborted request is dropped by `update_from_output`. The loop sleeps on an event while there is nothing to do.
 
-A step's outputs update the Scheduler at once but reach the streams' queues only once the next step's call has
-started: each woken stream then writes its chunk to the gateway while the worker computes, instead of all of them
-running before the call goes out (64 streams held every step's call back by about 10 ms).
+Async scheduling (the default): step N+1 is planned and sent on the worker's Steps stream while the worker runs step
+N, which it queues, so the worker never waits for a round trip or for the scheduler; at most two steps are in flight.
+The Scheduler plans N+1 before N's output is back (it holds a placeholder for each token N samples, which the worker
+feeds into N+1 from its mirror), and N's outputs apply only to the requests still live, so stops, aborts and
+preemptions stay exact. With async scheduling off one step is in flight at a time (the same outputs).
+
+A step's outputs update the Scheduler at once but reach the streams' queues only once the next step is sent: each
+woken stream then writes its chunk to the gateway while the worker computes, instead of all of them running before
+the step goes out (64 streams held every step back by about 10 ms).
 
 A lost worker (a failed or overdue step, a step reply from another worker incarnation, or the WorkerMonitor's
 report) fails every live request; the loop then waits for a worker, and a new incarnation or pool gets a fresh
@@ -17,8 +23,10 @@ Scheduler (no block state, no prefix cache). Arrivals pass readiness (worker los
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc.aio
@@ -33,7 +41,7 @@ from services.scheduler.worker_client import WorkerClient
 from services.scheduler.worker_monitor import same_worker
 from shared.request_io import GenerateRequest, RequestOutput
 from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
-from shared.tracing import get_tracer
+from shared.tracing import get_tracer, traceparent_of
 
 log = logging.getLogger(__name__)
 Item = RequestOutput | Exception  # what a request's queue carries: its outputs, or the error that ended it
@@ -53,10 +61,33 @@ def request_error(failure: FailedRequest) -> Exception:
     return RequestFailed(f"the worker failed on the request: {failure.message}")
 
 
+def _discard(future: asyncio.Future) -> None:
+    """Cancel a future nobody will wait for, or retrieve its error (so that it is not reported as lost)."""
+    if not future.cancel() and not future.cancelled():
+        future.exception()
+
+
+@dataclass
+class InFlight:
+    """A step sent to the worker whose output has not been handed to the scheduler yet."""
+
+    scheduled: SchedulerOutput
+    reply: asyncio.Future[StepOutput]
+    sent_s: float  # time.perf_counter() when it was sent
+    back_to_back: bool  # sent right after the previous step without the loop idling: the worker's wait counts
+    span: trace.Span | None  # the step's own span (every trace_step_interval'th step), until it ends
+
+    def end_span(self) -> None:
+        if self.span is not None:
+            self.span.end()
+            self.span = None
+
+
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
                  observer: RequestObserver | None = None, trace_step_interval: int = 0,
-                 readiness: Readiness | None = None, admission: AdmissionControl | None = None) -> None:
+                 readiness: Readiness | None = None, admission: AdmissionControl | None = None,
+                 async_scheduling: bool = False) -> None:
         self.scheduler = scheduler
         self.worker = worker
         self.state = state
@@ -74,6 +105,10 @@ class EngineLoop:
         self._wakeup = asyncio.Event()
         self._undelivered: list[tuple[asyncio.Queue[Item], Item]] = []  # the last step's outputs, not yet queued
         self._resumed = True  # the loop waited for work since its last step: the worker's wait is not a round trip
+        # async scheduling: the next step is sent while one runs (the worker queues it); serial: one at a time
+        self.max_in_flight = 2 if async_scheduling else 1
+        self._in_flight: collections.deque[InFlight] = collections.deque()  # oldest first
+        self._last_reply_s = 0.0  # time.perf_counter() when the last step's output came back
         self.num_steps = 0
 
     @property
@@ -148,74 +183,97 @@ class EngineLoop:
         return self._queues.pop(req_id, None) is not None
 
     async def run(self) -> None:
-        while True:
-            if self._lost is not None:
-                await self._recover(self._lost)
-            elif self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids:
-                await self.step()
-            else:
-                self._deliver()
-                self._wakeup.clear()
-                self._resumed = True
-                await self._wakeup.wait()
+        try:
+            while True:
+                if self._lost is not None:
+                    await self._recover(self._lost)
+                elif self._in_flight or self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids:
+                    await self.step()
+                else:
+                    self._deliver()
+                    self._wakeup.clear()
+                    self._resumed = True
+                    await self._wakeup.wait()
+        finally:  # stopped (shutdown): nobody waits for the steps in flight any more
+            self._drop_in_flight()
 
     async def step(self) -> None:
+        """Send the next step while fewer than `max_in_flight` are out; once it is out, hand the last outputs to their
+        streams; then wait for the oldest step in flight when the pipeline is full or nothing else can be sent."""
+        sent = len(self._in_flight) < self.max_in_flight and self._send_next()
+        await asyncio.sleep(0)  # the step goes out before the streams the last outputs wake
+        self._deliver()
+        if not self._in_flight:
+            self._resumed = True
+            await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
+        elif not sent or len(self._in_flight) == self.max_in_flight:
+            await self._finish_oldest()
+
+    def _send_next(self) -> bool:
+        """Schedule a step and send it; False when there is nothing to send."""
         scheduled = self.scheduler.schedule()
         step = scheduled.step_input
         if step.is_empty and not step.finished_req_ids:
-            self._deliver()
-            self._resumed = True
-            await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
-            return
+            return False
         self.num_steps += 1
         back_to_back, self._resumed = not self._resumed, False
         self.observer.step_planned(scheduled, self.num_steps)
         traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
                         if r.req_id in self._traceparents}
-        start_s = time.perf_counter()
-        if self.trace_step_interval and self.num_steps % self.trace_step_interval == 0:
-            with self._step_span(step):  # the worker's step span joins it through the call's metadata
-                output = await self._call_worker(step, traceparents)
-        else:
-            output = await self._call_worker(step, traceparents)
-        duration_s = time.perf_counter() - start_s
-        if isinstance(output, WorkerUnavailable):  # (_call_worker delivered the last step's outputs before it)
-            self.worker_lost(output)
-        elif self._lost is not None:
-            pass  # the worker was found lost while this step ran: its output is not trusted
-        elif output.incarnation_id != step.incarnation_id:  # it applied nothing: our block ids are not its own
-            self.worker_lost(WorkerUnavailable("the worker restarted; requests in flight were lost"))
-        else:
-            self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
-                                                     output.idle_time_ns if back_to_back else 0)
-            self.admission.estimator.record_step(duration_s, self._dispatch(scheduled, output))
+        span = self._step_span(step) if self.trace_step_interval and self.num_steps % self.trace_step_interval == 0 \
+            else None  # the worker's step span becomes its child
+        reply = self.worker.submit(step, self.num_steps, traceparents, traceparent_of(span) if span else "")
+        self._in_flight.append(InFlight(scheduled, reply, time.perf_counter(), back_to_back, span))
+        return True
 
-    def _step_span(self, step: StepInput):
+    async def _finish_oldest(self) -> None:
+        """Wait for the oldest step's output and apply it. The step is given up when it fails, passes its deadline
+        (--step-progress-timeout-s) or the worker is found lost; the loop then recovers."""
+        sent = self._in_flight[0]
+        lost = asyncio.ensure_future(self._lost_event.wait())
+        try:
+            # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow the loop's cancellation at shutdown
+            await asyncio.wait({sent.reply, lost}, timeout=self.worker.step_timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        sent.end_span()
+        if self._lost is not None:
+            return  # the worker was found lost while this step ran: its output is not trusted
+        if not sent.reply.done():
+            self.worker_lost(WorkerUnavailable(f"worker step failed: DEADLINE_EXCEEDED: no reply within "
+                                               f"{self.worker.step_timeout_s}s"))
+            return
+        self.last_step_end_s = time.monotonic()
+        try:
+            output = sent.reply.result()
+        except grpc.aio.AioRpcError as exc:
+            self.worker_lost(WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}"))
+            return
+        if output.incarnation_id != sent.scheduled.step_input.incarnation_id:  # it applied nothing: our block ids
+            self.worker_lost(WorkerUnavailable("the worker restarted; requests in flight were lost"))  # are not its own
+            return
+        self._in_flight.popleft()
+        now_s = time.perf_counter()
+        duration_s = now_s - max(sent.sent_s, self._last_reply_s)  # the worker's time on it (steps queue back to back)
+        self._last_reply_s = now_s
+        self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
+                                                 output.idle_time_ns if sent.back_to_back else 0)
+        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output))
+
+    def _step_span(self, step: StepInput) -> trace.Span:
         """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""
         links = [trace.Link(self._span_contexts[r]) for r in step.num_scheduled_tokens if r in self._span_contexts]
-        return get_tracer().start_as_current_span(
+        return get_tracer().start_span(
             "scheduler.step", context=trace.set_span_in_context(trace.INVALID_SPAN), links=links,
             attributes={"step_id": self.num_steps, "num_requests": len(step.num_scheduled_tokens),
                         "num_scheduled_tokens": step.total_num_scheduled_tokens})
 
-    async def _call_worker(self, step: StepInput, traceparents: dict[str, str]) -> StepOutput | WorkerUnavailable:
-        """The step on the worker; the last step's outputs go to their streams once the call is out. The call is
-        given up when it fails, passes its deadline (--step-progress-timeout-s) or the worker is found lost."""
-        call = asyncio.ensure_future(self.worker.step(step, self.num_steps, traceparents))
-        lost = asyncio.ensure_future(self._lost_event.wait())
-        try:
-            await asyncio.sleep(0)  # the call's task runs (and starts the RPC) before any stream it would wake
-            self._deliver()
-            await asyncio.wait({call, lost}, return_when=asyncio.FIRST_COMPLETED)
-            if not call.done():
-                return self._lost or WorkerUnavailable("the worker was lost during the step")
-            return call.result()
-        except grpc.aio.AioRpcError as exc:
-            return WorkerUnavailable(f"worker step failed: {exc.code().name}: {exc.details()}")
-        finally:
-            self.last_step_end_s = time.monotonic()
-            lost.cancel()
-            call.cancel()  # a no-op once done; else the call is abandoned (lost worker) or this loop is cancelled
+    def _drop_in_flight(self) -> None:
+        for sent in self._in_flight:
+            sent.end_span()
+            _discard(sent.reply)
+        self._in_flight.clear()
 
     def _deliver(self) -> None:
         for queue, item in self._undelivered:
@@ -252,6 +310,8 @@ class EngineLoop:
         log.error("%s; failing %d requests and waiting for the worker", error, len(self._queues))
         self.recovering, self._lost = True, None
         self._lost_event.clear()
+        await self.worker.reset_stream()  # the steps in flight fail with it
+        self._drop_in_flight()
         self._deliver()  # the last step's outputs reach their streams before the error does
         self.fail_all(error)
         old = self.scheduler.description

@@ -29,6 +29,9 @@ class SchedulerServiceConfig:
     worker_probe_timeout_s: float = 5.0  # a probe unanswered this long (no step finishing meanwhile) is a lost worker
     drain_timeout_s: float = 300.0  # on SIGTERM: no new requests, those in flight get this long to finish
     trace_step_interval: int = 100  # every Nth engine step gets a trace of its own, linked to its requests; 0: none
+    # plan and send step N+1 while the worker runs step N (it queues it), so the worker never waits for a round trip
+    # or for the scheduler; false: one step at a time (the same outputs; for comparison and debugging)
+    async_scheduling: bool = True
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     log_level: LogLevel = "info"  # debug, info, warning, error
 

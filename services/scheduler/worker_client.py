@@ -1,4 +1,4 @@
-"""The scheduler's asyncio gRPC client to its worker: wait until ready, describe, one call per step."""
+"""The scheduler's asyncio gRPC client to its worker: wait until ready, describe, and the steps on one stream."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.internal_auth import token_metadata
 from services.proto_convert.common import description_from_pb
-from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
+from services.proto_convert.worker_contract import step_input_to_pb
 from services.proto_gen import common_pb2, worker_pb2_grpc
+from services.scheduler.step_stream import StepStream
 from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
 from shared.step_protocol import ModelDescription, StepInput, StepOutput
-from shared.tracing import outgoing_metadata
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024**2
@@ -34,6 +34,7 @@ class WorkerClient:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
+        self._stream: StepStream | None = None
 
     async def wait_until_ready(self, initial_backoff_s: float = 0.1, max_backoff_s: float = 2.0,
                                log_interval_s: float = 10.0) -> ModelDescription:
@@ -67,11 +68,21 @@ class WorkerClient:
             return WorkerProbe(WorkerStatus.UNREACHABLE, detail=exc.code().name)
         return WorkerProbe(WorkerStatus.SERVING, description_from_pb(description))
 
-    async def step(self, step: StepInput, step_id: int, traceparents: Mapping[str, str]) -> StepOutput:
-        """Raises grpc.aio.AioRpcError when the worker fails or is unreachable."""
-        reply = await self.stub.Step(step_input_to_pb(step, step_id, traceparents), timeout=self.step_timeout_s,
-                                     metadata=(*outgoing_metadata(), *self.auth))
-        return step_output_from_pb(reply)
+    def submit(self, step: StepInput, step_id: int, traceparents: Mapping[str, str],
+               step_traceparent: str = "") -> asyncio.Future[StepOutput]:
+        """Send the step now on the Steps stream (opened on first use); the future resolves to its output once the
+        steps before it are answered, or raises grpc.aio.AioRpcError when the worker fails or is unreachable (then
+        every later step fails too, until `reset_stream`)."""
+        if self._stream is None:
+            self._stream = StepStream(self.stub, metadata=list(self.auth))
+        return self._stream.submit(step_input_to_pb(step, step_id, traceparents, step_traceparent))
+
+    async def reset_stream(self) -> None:
+        """Close the step stream (its pending steps fail); the next submit opens a new one."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
 
     async def close(self) -> None:
+        await self.reset_stream()
         await self.channel.close()

@@ -1,6 +1,8 @@
 """A worker stand-in for the engine loop: mirrors requests like the real one and samples a fixed token.
 
 It can restart (a new incarnation, maybe with another pool), fail or hang its next step, and answer probes.
+Steps submitted while others are pending run after them, in order, like the worker's Steps stream; a step that
+fails fails every step after it until the loop resets the stream.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 class FakeWorkerClient:
     address = "fake-worker"
+    step_timeout_s = 30.0
 
     def __init__(self, step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s
@@ -40,13 +43,39 @@ class FakeWorkerClient:
         self.failures: dict[str, FailedRequest] = {}  # req_id -> how the worker fails it when scheduled
         self.hang = asyncio.Event()  # steps wait while it is set (a stopped worker)
         self.hung_steps = 0
-
+        self.num_resets = 0
+        self.max_pending = 0  # the most steps ever submitted and not yet answered
+        self._last: asyncio.Future | None = None  # the last step submitted on the current "stream"
+        self._num_pending = 0
 
     def restart(self, **changes) -> None:
         """A new incarnation with an empty pool: every mirror is gone."""
         self.description = dataclasses.replace(self.description, incarnation_id=self.description.incarnation_id + "+",
                                                **changes)
         self.mirrors.clear()
+
+    def submit(self, step: StepInput, step_id: int, traceparents: dict[str, str],
+               step_traceparent: str = "") -> asyncio.Future:
+        previous = self._last
+        self._num_pending += 1
+        self.max_pending = max(self.max_pending, self._num_pending)
+
+        async def in_order() -> StepOutput:
+            try:
+                if previous is not None:
+                    await asyncio.wait({previous})
+                    if not previous.cancelled() and previous.exception() is not None:
+                        raise previous.exception()  # the stream is broken
+                return await self.step(step, step_id, traceparents)
+            finally:
+                self._num_pending -= 1
+
+        self._last = asyncio.ensure_future(in_order())
+        return self._last
+
+    async def reset_stream(self) -> None:
+        self.num_resets += 1
+        self._last = None
 
     async def wait_until_ready(self) -> ModelDescription:
         await self.back.wait()

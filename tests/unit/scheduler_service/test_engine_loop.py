@@ -36,10 +36,15 @@ def request(req_id: str, max_tokens: int = 3, num_prompt_tokens: int = 6) -> Gen
                            SamplingParams(max_tokens=max_tokens, temperature=0.0))
 
 
+@pytest.fixture(params=[False, True], ids=["serial", "async"])
+def async_scheduling(request) -> bool:
+    return request.param
+
+
 @contextlib.asynccontextmanager
-async def running_loop(worker: FakeWorkerClient):
+async def running_loop(worker: FakeWorkerClient, async_scheduling: bool):
     state = RecordingState()
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state)
+    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state, async_scheduling=async_scheduling)
     task = asyncio.create_task(loop.run())
     try:
         yield loop, state
@@ -57,8 +62,8 @@ async def drain(queue: asyncio.Queue) -> list[RequestOutput]:
 
 
 @pytest.mark.asyncio
-async def test_concurrent_requests_stream_until_finished_and_free_their_blocks():
-    async with running_loop(FakeWorkerClient()) as (loop, state):
+async def test_concurrent_requests_stream_until_finished_and_free_their_blocks(async_scheduling):
+    async with running_loop(FakeWorkerClient(), async_scheduling) as (loop, state):
         queues = [loop.add_request(request(f"r{i}", max_tokens=2 + i)) for i in range(3)]
         results = [await drain(q) for q in queues]
     for i, outputs in enumerate(results):
@@ -70,9 +75,9 @@ async def test_concurrent_requests_stream_until_finished_and_free_their_blocks()
 
 
 @pytest.mark.asyncio
-async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror():
+async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror(async_scheduling):
     worker = FakeWorkerClient(step_delay_s=0.01)
-    async with running_loop(worker) as (loop, state):
+    async with running_loop(worker, async_scheduling) as (loop, state):
         queue = loop.add_request(request("long", max_tokens=100))
         first = await asyncio.wait_for(queue.get(), 5)
         assert first.new_token_ids == [SAMPLED_TOKEN] and loop.scheduler.kv.usage > 0
@@ -89,8 +94,8 @@ async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror():
 
 
 @pytest.mark.asyncio
-async def test_idle_loop_sleeps_and_wakes_on_a_new_request():
-    async with running_loop(FakeWorkerClient()) as (loop, _):
+async def test_idle_loop_sleeps_and_wakes_on_a_new_request(async_scheduling):
+    async with running_loop(FakeWorkerClient(), async_scheduling) as (loop, _):
         await drain(loop.add_request(request("a")))
         num_steps = loop.num_steps
         await asyncio.sleep(0.1)
@@ -100,17 +105,17 @@ async def test_idle_loop_sleeps_and_wakes_on_a_new_request():
 
 
 @pytest.mark.asyncio
-async def test_rejected_request_leaves_no_trace():
-    async with running_loop(FakeWorkerClient()) as (loop, state):
+async def test_rejected_request_leaves_no_trace(async_scheduling):
+    async with running_loop(FakeWorkerClient(), async_scheduling) as (loop, state):
         with pytest.raises(RequestRejected):
             loop.add_request(request("huge", num_prompt_tokens=300))
         assert loop.num_live_requests == 0 and state.events == []
 
 
 @pytest.mark.asyncio
-async def test_lost_worker_fails_live_requests_then_serves_again():
+async def test_lost_worker_fails_live_requests_then_serves_again(async_scheduling):
     worker = FakeWorkerClient()
-    async with running_loop(worker) as (loop, _):
+    async with running_loop(worker, async_scheduling) as (loop, _):
         worker.fail_next_step = True
         queue = loop.add_request(request("doomed"))
         error = await asyncio.wait_for(queue.get(), 5)
@@ -125,25 +130,22 @@ async def test_lost_worker_fails_live_requests_then_serves_again():
 
 
 class CallTaskWorker(FakeWorkerClient):
-    """Sends each step from a task of its own, as grpc.aio does (the call starts when that task first runs)."""
+    """Records when each step is submitted (the real client queues it on the stream then)."""
 
     def __init__(self, events: list[str]) -> None:
         super().__init__()
         self.events = events
 
-    async def step(self, step, step_id, traceparents):
-        async def send():
-            self.events.append(f"call {step_id} sent")
-            return await FakeWorkerClient.step(self, step, step_id, traceparents)
-
-        return await asyncio.ensure_future(send())
+    def submit(self, step, step_id, traceparents, step_traceparent=""):
+        self.events.append(f"call {step_id} sent")
+        return super().submit(step, step_id, traceparents, step_traceparent)
 
 
 @pytest.mark.asyncio
-async def test_the_next_step_is_sent_before_the_streams_wake_to_the_last_one():
+async def test_the_next_step_is_sent_before_the_streams_wake_to_the_last_one(async_scheduling):
     """Streams woken by step N's outputs must not hold back step N + 1's call (each writes to the gateway)."""
     events: list[str] = []
-    async with running_loop(CallTaskWorker(events)) as (loop, _):
+    async with running_loop(CallTaskWorker(events), async_scheduling) as (loop, _):
         queues = [loop.add_request(request(f"r{i}", max_tokens=3)) for i in range(4)]
 
         async def consume(queue):  # like the Generate handler: awake as soon as its queue has an item
@@ -168,12 +170,31 @@ class TimedWorker(FakeWorkerClient):
 
 
 @pytest.mark.asyncio
-async def test_worker_times_are_summed_and_its_wait_only_between_back_to_back_steps():
+async def test_worker_times_are_summed_and_its_wait_only_between_back_to_back_steps(async_scheduling):
     """The first step after the loop waited for work reports the worker's whole wait: no round trip of a step."""
-    async with running_loop(TimedWorker()) as (loop, _):
+    async with running_loop(TimedWorker(), async_scheduling) as (loop, _):
         for name in ("a", "b"):  # each after an idle loop: a prompt step, two decodes, then its mirror's drop
             await drain(loop.add_request(request(name, max_tokens=3)))
             await asyncio.sleep(0.05)
         stats = loop.scheduler.snapshot_stats()
     assert loop.num_steps == 8 and [len(s.num_scheduled_tokens) for s in loop.worker.steps] == [1, 1, 1, 0] * 2
     assert (stats.worker_step_ns_total, stats.worker_sample_ns_total, stats.worker_idle_ns_total) == (6000, 600, 300)
+
+
+@pytest.mark.asyncio
+async def test_async_scheduling_keeps_a_step_queued_behind_the_running_one(async_scheduling):
+    """Async: the next step is sent while one runs, and a request still streams exactly its tokens (the step sent
+    after its last one computes a token that is dropped)."""
+    worker = FakeWorkerClient(step_delay_s=0.005)
+    async with running_loop(worker, async_scheduling) as (loop, _):
+        outputs = await drain(loop.add_request(request("a", max_tokens=5)))
+        for _ in range(100):
+            if not loop.scheduler.finished_req_ids and not worker.mirrors:
+                break
+            await asyncio.sleep(0.01)
+    assert worker.max_pending == (2 if async_scheduling else 1)
+    assert [t for o in outputs for t in o.new_token_ids] == [SAMPLED_TOKEN] * 5
+    assert outputs[-1].finish_reason is FinishReason.LENGTH and worker.mirrors == {}
+    num_token_steps = sum(1 for step in worker.steps if step.num_scheduled_tokens)
+    assert num_token_steps == 5  # prompt + 4 decodes: a request at its length limit is not scheduled again
+    loop.scheduler.kv.check_integrity()

@@ -37,6 +37,10 @@ class DeadlockingWorker(worker_pb2_grpc.WorkerServiceServicer):
     async def Describe(self, request, context):  # noqa: N802 - gRPC method name
         return description_to_pb(DESCRIPTION)
 
+    async def Steps(self, request_iterator, context):  # noqa: N802
+        async for request in request_iterator:
+            yield await self.Step(request, context)
+
     async def Step(self, request, context):  # noqa: N802
         step = step_input_from_pb(request)
         while self.stuck:
