@@ -12,6 +12,7 @@ from services.gateway.routing import RoutingPolicy
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
+from shared.redis_url import check_redis_url
 
 HttpParser = Literal["httptools", "h11"]
 
@@ -64,5 +65,10 @@ class GatewayConfig:
         if self.stream_stall_timeout_s <= 0:
             raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")
         parse_targets(self.scheduler_address)  # a ValueError naming the bad entry
+        if self.redis_url:
+            try:
+                check_redis_url(self.redis_url)
+            except ValueError as exc:
+                raise ValueError(f"--redis-url {exc}") from None  # never the URL: it may hold the password
         if self.routing_load_cost_tokens < 0 or self.routing_pending_ttl_s < 0:
             raise ValueError("routing_load_cost_tokens and routing_pending_ttl_s must be >= 0")

@@ -20,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from shared.cancellation import raise_if_cancelled
+from shared.redis_url import masked_url
 from shared.replica_keys import DELTA, PrefixEvent, prefix_blocks_key, prefix_events_key, stats_key
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class PrefixMirror:
                     continue
                 raise_if_cancelled()
                 if not self.connected:
-                    log.info("prefix index: reading Redis at %s", self.redis_url)
+                    log.info("prefix index: reading Redis at %s", masked_url(self.redis_url))
                 self.connected, self._outage_logged = True, False
         finally:
             await client.aclose()
@@ -148,7 +149,7 @@ class PrefixMirror:
     def _lost(self, exc: BaseException) -> None:
         if not self._outage_logged:
             log.warning("prefix index: Redis at %s unreadable (%s): routing without it until it returns",
-                        self.redis_url, exc)
+                        masked_url(self.redis_url), exc)
             self._outage_logged = True
         self.connected = False
         for view in self.views.values():
