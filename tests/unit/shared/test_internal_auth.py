@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.gpu_worker.server import WorkerServicer, build_server
 from services.internal_auth import AsyncTokenInterceptor, token_metadata
-from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
+from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.scheduler.service import SchedulerServicer
 from services.serve_config import SERVICES, child_command, child_environment, parse_serve_config
 from tests.integration.processes import free_port
@@ -37,6 +37,9 @@ def test_the_worker_refuses_calls_without_the_token_but_answers_health():
             assert code_of(lambda: describe(())) is grpc.StatusCode.UNAUTHENTICATED
             assert code_of(lambda: describe(token_metadata("wrong"))) is grpc.StatusCode.UNAUTHENTICATED
             assert code_of(lambda: describe(token_metadata(TOKEN))) is grpc.StatusCode.UNAVAILABLE  # still loading
+            steps = lambda metadata: list(stub.Steps(iter([worker_pb2.StepRequest()]), timeout=5, metadata=metadata))
+            assert code_of(lambda: steps(())) is grpc.StatusCode.UNAUTHENTICATED  # the scheduler's step stream too
+            assert code_of(lambda: steps(token_metadata(TOKEN))) is grpc.StatusCode.UNAVAILABLE
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING  # liveness, no token needed
     finally:
