@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from shared.structured_output import StructuredOutput
+
 # Widths of the wire fields (proto/pagedserve/v1/common.proto) these values travel in: a value past them cannot be
 # sent, so it is refused here, where it becomes a 400 naming the field, instead of failing the protobuf encoder.
 INT32_MAX = 2**31 - 1
@@ -36,6 +38,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; N >= 0: sampled token plus top-N
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # EOS never ends the answer: the worker bans it, so answers run to max_tokens
+    structured_output: StructuredOutput | None = None  # the grammar every output token must follow
 
     def __post_init__(self) -> None:
         self.validate()

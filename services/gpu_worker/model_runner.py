@@ -6,6 +6,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,10 @@ from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
+
+if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
+    from services.gpu_worker.grammar import RequestGrammar
+    from services.gpu_worker.grammar_mask import GrammarMask
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +92,14 @@ class ModelRunner:
         rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids, r.banned_token_ids)
                 for r in sampling_requests]
         finite = torch.isfinite(logits.amax(dim=-1)).tolist()  # NaN and +inf propagate through amax
+        grammars = [r.grammar for r in sampling_requests]
         try:
-            token_ids, logprobs = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
+            batch = build_sampling_batch(rows, self.model_config.vocab_size, self.device)
+            token_ids, logprobs = sample(logits, batch, self._grammar_mask(grammars, rows))
             results = list(zip(token_ids.tolist(), logprobs, strict=True))
         except Exception:
             log.exception("sampling a batch of %d rows failed: retrying row by row", len(rows))
-            results = [self._sample_row(logits[i:i + 1], row) for i, row in enumerate(rows)]
+            results = [self._sample_row(logits[i:i + 1], row, grammars[i]) for i, row in enumerate(rows)]
         output = StepOutput()
         for request, ok, result in zip(sampling_requests, finite, results, strict=True):
             if not ok or isinstance(result, Exception):
@@ -101,16 +108,28 @@ class ModelRunner:
                 output.failed.append(FailedRequest(request.req_id, reason, invalid_argument=False))
                 continue
             request.token_ids.append(result[0])
+            if request.grammar is not None:
+                request.grammar.advance(result[0])
             output.req_ids.append(request.req_id)
             output.sampled_token_ids.append(result[0])
             output.logprobs.append(result[1])
         return output
 
-    def _sample_row(self, logits: torch.Tensor, row: SamplingRow) -> tuple[int, TokenLogprobs | None] | Exception:
+    def _sample_row(self, logits: torch.Tensor, row: SamplingRow, grammar: RequestGrammar | None
+                    ) -> tuple[int, TokenLogprobs | None] | Exception:
         try:
-            token_ids, logprobs = sample(logits, build_sampling_batch([row], self.model_config.vocab_size,
-                                                                      self.device))
+            batch = build_sampling_batch([row], self.model_config.vocab_size, self.device)
+            token_ids, logprobs = sample(logits, batch, self._grammar_mask([grammar], [row]))
         except Exception as exc:
             log.exception("sampling failed for one row")
             return exc
         return int(token_ids[0]), logprobs[0]
+
+    def _grammar_mask(self, grammars: list[RequestGrammar | None], rows: list[SamplingRow]) -> GrammarMask | None:
+        """The token bitmasks of the rows under a grammar; None when no row is (xgrammar is not even imported)."""
+        if all(grammar is None for grammar in grammars):
+            return None
+        from services.gpu_worker.grammar_mask import build_grammar_mask
+
+        return build_grammar_mask(grammars, [row.banned_now for row in rows], self.model_config.vocab_size,
+                                  self.device)

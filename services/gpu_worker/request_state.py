@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shared.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from services.gpu_worker.grammar import RequestGrammar
 
 
 @dataclass
@@ -17,6 +21,7 @@ class RequestState:
     num_computed_tokens: int  # tokens whose KV is in the cache
     stop_token_ids: tuple[int, ...]  # banned by the sampler until min_tokens outputs exist
     banned_token_ids: tuple[int, ...] = ()  # never sampled: the model's EOS ids under ignore_eos
+    grammar: RequestGrammar | None = None  # the request's structured-output matcher, advanced by each sample
 
     @property
     def prompt_token_ids(self) -> list[int]:

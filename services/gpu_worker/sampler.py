@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from services.gpu_worker.sampling_batch import Penalties, SamplingBatch
 from shared.step_protocol import TokenLogprobs
 
+if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
+    from services.gpu_worker.grammar_mask import GrammarMask
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
-    """logits [S, V] fp32 -> sampled token ids [S] and, per row, logprobs when asked (from the raw logits)."""
+
+def sample(logits: torch.Tensor, batch: SamplingBatch, grammar_mask: GrammarMask | None = None
+           ) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
+    """logits [S, V] fp32 -> sampled token ids [S] and, per row, logprobs when asked (from the raw logits).
+
+    The grammar mask, when given, is applied last (after penalties and bias), in place on `logits`."""
     raw_logprobs = torch.log_softmax(logits, dim=-1) if batch.max_num_logprobs is not None else None
     logits = _apply_bias_and_penalties(logits, batch)
+    if grammar_mask is not None:
+        grammar_mask.apply(logits)
     greedy_ids = logits.argmax(dim=-1)
     sampled = greedy_ids if batch.all_greedy else torch.where(
         batch.temperature == 0.0, greedy_ids, _sample_random(logits, batch))

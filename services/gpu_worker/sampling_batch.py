@@ -21,6 +21,13 @@ class SamplingRow:
     stop_token_ids: tuple[int, ...]  # EOS (unless ignore_eos) and the request's stop ids, banned before min_tokens
     banned_token_ids: tuple[int, ...] = ()  # banned at every step (EOS under ignore_eos)
 
+    @property
+    def banned_now(self) -> tuple[int, ...]:
+        """Tokens this row may not sample this step: the always-banned ones, plus its stop tokens before min_tokens."""
+        if len(self.output_token_ids) < self.params.min_tokens:
+            return self.banned_token_ids + self.stop_token_ids
+        return self.banned_token_ids
+
 
 @dataclass
 class Penalties:
@@ -60,10 +67,7 @@ def _bias_entries(rows: list[SamplingRow]) -> tuple[list[int], list[int], list[f
     for i, row in enumerate(rows):
         for token_id, bias in row.params.logit_bias.items():
             row_ids.append(i), token_ids.append(token_id), values.append(bias)
-        banned = row.banned_token_ids
-        if len(row.output_token_ids) < row.params.min_tokens:
-            banned += row.stop_token_ids
-        for token_id in banned:
+        for token_id in row.banned_now:
             row_ids.append(i), token_ids.append(token_id), values.append(float("-inf"))
     return row_ids, token_ids, values
 

@@ -28,7 +28,7 @@ from opentelemetry import trace
 from services.grpc_errors import ServiceNotReady, map_errors
 from services.internal_auth import TokenInterceptor
 from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
-from services.proto_convert.common import description_to_pb
+from services.proto_convert.common import description_to_pb, structured_output_from_pb
 from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
 from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
 from shared.step_protocol import StepInput, StepOutput
@@ -136,6 +136,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._last_step_end_ns = time.perf_counter_ns()
         return output
 
+    @map_errors
+    def PrepareGrammar(self, request: worker_pb2.PrepareGrammarRequest, context  # noqa: N802
+                       ) -> worker_pb2.PrepareGrammarReply:
+        """Runs on a gRPC thread (the compile on the grammar pool), beside steps on the model thread."""
+        worker = self._ready()
+        start_ns = time.perf_counter_ns()
+        worker.prepare_grammar(structured_output_from_pb(request.structured_output))
+        return worker_pb2.PrepareGrammarReply(compile_time_ns=time.perf_counter_ns() - start_ns)
+
 
 def _step_attributes(step_id: int, step: StepInput) -> dict:
     return {"step_id": step_id, "num_new_requests": len(step.new_requests),
@@ -175,7 +184,8 @@ def _end_step_spans(done: futures.Future, step_span: trace.Span | None, request_
 
 def build_server(servicer: WorkerServicer, host: str, port: int, internal_token: str = ""
                  ) -> tuple[grpc.Server, health.HealthServicer]:
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[TokenInterceptor(internal_token)],
+    # threads for the Steps stream, two grammar compiles (PrepareGrammar waits on them), probes and the rest
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[TokenInterceptor(internal_token)],
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                   ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *GRPC_SERVER_OPTIONS])
     worker_pb2_grpc.add_WorkerServiceServicer_to_server(servicer, server)

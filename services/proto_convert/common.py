@@ -3,24 +3,47 @@
 from __future__ import annotations
 
 from services.proto_gen import common_pb2
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import SamplingParams, SamplingParamsError
 from shared.step_protocol import ModelDescription, TokenLogprobs
+from shared.structured_output import StructuredOutput, StructuredOutputKind
 
 # Scalars copied one to one; an unset proto field falls back to the dataclass default.
 _SAMPLING_SCALARS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
                      "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos")
 
 
+_KIND_TO_PB = {kind: common_pb2.StructuredOutputKind.Value(f"STRUCTURED_OUTPUT_KIND_{kind.name}")
+               for kind in StructuredOutputKind}
+_KIND_FROM_PB = {pb: kind for kind, pb in _KIND_TO_PB.items()}
+
+
 def sampling_to_pb(params: SamplingParams) -> common_pb2.SamplingParams:
     scalars = {name: getattr(params, name) for name in _SAMPLING_SCALARS if getattr(params, name) is not None}
-    return common_pb2.SamplingParams(**scalars, logit_bias=params.logit_bias,
-                                     stop_token_ids=list(params.stop_token_ids))
+    structured = params.structured_output
+    return common_pb2.SamplingParams(
+        **scalars, logit_bias=params.logit_bias, stop_token_ids=list(params.stop_token_ids),
+        structured_output=structured_output_to_pb(structured) if structured is not None else None)
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
     """Raises SamplingParamsError (with .param) for out-of-range values."""
     scalars = {name: getattr(pb, name) for name in _SAMPLING_SCALARS if pb.HasField(name)}
-    return SamplingParams(**scalars, logit_bias=dict(pb.logit_bias), stop_token_ids=tuple(pb.stop_token_ids))
+    structured = structured_output_from_pb(pb.structured_output) if pb.HasField("structured_output") else None
+    return SamplingParams(**scalars, logit_bias=dict(pb.logit_bias), stop_token_ids=tuple(pb.stop_token_ids),
+                          structured_output=structured)
+
+
+def structured_output_to_pb(structured: StructuredOutput) -> common_pb2.StructuredOutput:
+    return common_pb2.StructuredOutput(kind=_KIND_TO_PB[structured.kind], spec=structured.spec,
+                                       any_whitespace=structured.any_whitespace)
+
+
+def structured_output_from_pb(pb: common_pb2.StructuredOutput) -> StructuredOutput:
+    """Raises SamplingParamsError for a kind this side does not know (a newer peer)."""
+    kind = _KIND_FROM_PB.get(pb.kind)
+    if kind is None:
+        raise SamplingParamsError(f"unknown structured output kind {pb.kind}", "structured_output")
+    return StructuredOutput(kind, pb.spec, pb.any_whitespace)
 
 
 def logprobs_to_pb(lp: TokenLogprobs) -> common_pb2.TokenLogprobs:

@@ -7,6 +7,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class PrepareGrammarRequest(_message.Message):
+    __slots__ = ("structured_output",)
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    structured_output: _common_pb2.StructuredOutput
+    def __init__(self, structured_output: _Optional[_Union[_common_pb2.StructuredOutput, _Mapping]] = ...) -> None: ...
+
+class PrepareGrammarReply(_message.Message):
+    __slots__ = ("compile_time_ns",)
+    COMPILE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
+    compile_time_ns: int
+    def __init__(self, compile_time_ns: _Optional[int] = ...) -> None: ...
+
 class NewRequest(_message.Message):
     __slots__ = ("req_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "num_computed_tokens", "traceparent")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]

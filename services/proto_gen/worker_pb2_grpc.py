@@ -50,6 +50,11 @@ class WorkerServiceStub:
                 request_serializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
                 _registered_method=True)
+        self.PrepareGrammar = channel.unary_unary(
+                '/pagedserve.v1.WorkerService/PrepareGrammar',
+                request_serializer=pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarReply.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -79,6 +84,14 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareGrammar(self, request, context):
+        """Compiles a request's grammar (off the step thread) before the scheduler admits the request, so a slow compile
+        never holds up a step; INVALID_ARGUMENT when the grammar engine refuses it. Cached: a known grammar answers at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +109,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Steps,
                     request_deserializer=pagedserve_dot_v1_dot_worker__pb2.StepRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_worker__pb2.StepReply.SerializeToString,
+            ),
+            'PrepareGrammar': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareGrammar,
+                    request_deserializer=pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -179,6 +197,33 @@ class WorkerService:
             '/pagedserve.v1.WorkerService/Steps',
             pagedserve_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
             pagedserve_dot_v1_dot_worker__pb2.StepReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareGrammar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.v1.WorkerService/PrepareGrammar',
+            pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarRequest.SerializeToString,
+            pagedserve_dot_v1_dot_worker__pb2.PrepareGrammarReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,7 @@ from shared.step_protocol import (
     StepOutput,
     TokenLogprobs,
 )
+from shared.structured_output import StructuredOutput, StructuredOutputKind
 
 PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
                         presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,
@@ -68,6 +69,14 @@ def test_values_past_the_wire_types_are_refused_with_their_field(fields, param):
     with pytest.raises(SamplingParamsError) as refused:
         SamplingParams(**fields)
     assert refused.value.param == param
+
+
+def test_structured_output_round_trips_for_every_kind():
+    for kind in StructuredOutputKind:
+        params = SamplingParams(structured_output=StructuredOutput(kind, f"spec of {kind.value}", any_whitespace=True))
+        wire = common_pb2.SamplingParams.FromString(sampling_to_pb(params).SerializeToString())
+        assert sampling_from_pb(wire) == params
+    assert not sampling_to_pb(SamplingParams()).HasField("structured_output")
 
 
 def test_step_input_round_trip_keeps_batch_order():
