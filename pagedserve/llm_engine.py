@@ -23,7 +23,15 @@ class LLMEngine:
         self._in_flight: tuple[SchedulerOutput, StepOutput] | None = None  # async: ran, output not yet applied
 
     def add_request(self, request: GenerateRequest) -> None:
+        """Raises RequestRejected, or GrammarError for a grammar the engine refuses."""
         self.scheduler.add_request(request)
+        if request.sampling.structured_output is not None:
+            try:
+                self.worker.prepare_grammar(request.sampling.structured_output)
+            except BaseException:
+                self.scheduler.abort_request(request.req_id)
+                raise
+            self.scheduler.grammar_ready(request.req_id)
 
     def abort_request(self, req_id: str) -> bool:
         return self.scheduler.abort_request(req_id)

@@ -34,6 +34,7 @@ from opentelemetry import trace
 
 from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
 from services.scheduler.admission import AdmissionConfig, AdmissionControl
+from services.scheduler.grammar_preparation import GrammarPreparer
 from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import RequestRejected, Scheduler, SchedulerOutput
@@ -41,6 +42,7 @@ from services.scheduler.worker_client import WorkerClient
 from services.scheduler.worker_monitor import same_worker
 from shared.request_io import GenerateRequest, RequestOutput
 from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
+from shared.structured_output import StructuredOutput
 from shared.tracing import get_tracer, traceparent_of
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,8 @@ class EngineLoop:
         self.last_step_end_s = time.monotonic()
         self._lost: WorkerUnavailable | None = None  # set when the worker is lost; the loop recovers next
         self._lost_event = asyncio.Event()  # set with _lost: the step in flight is not waited for
+        self.grammars = GrammarPreparer(worker)
+        self._grammar_tasks: dict[str, asyncio.Task] = {}  # req_id -> its grammar's preparation
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
         self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
         self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
@@ -143,8 +147,23 @@ class EngineLoop:
             self._traceparents[request.req_id] = traceparent
         self.state.request_arrived(request.req_id, len(request.prompt_token_ids), request.arrival_time_s)
         self.observer.arrived(request.req_id, len(request.prompt_token_ids), span)
+        if request.sampling.structured_output is not None:
+            self._grammar_tasks[request.req_id] = asyncio.create_task(
+                self._prepare_grammar(request.req_id, request.sampling.structured_output))
         self._wakeup.set()
         return queue
+
+    async def _prepare_grammar(self, req_id: str, structured: StructuredOutput) -> None:
+        """Admit the request once the worker compiled its grammar; fail it when the grammar is refused."""
+        try:
+            await self.grammars.prepare(structured)
+        except (RequestRejected, WorkerUnavailable) as exc:
+            self.fail_request(req_id, exc)
+            return
+        finally:
+            self._grammar_tasks.pop(req_id, None)
+        if self.scheduler.grammar_ready(req_id):
+            self._wakeup.set()
 
     def abort_request(self, req_id: str) -> None:
         """Drop a live request now (its stream was cancelled); a no-op once it finished."""
@@ -187,7 +206,7 @@ class EngineLoop:
             while True:
                 if self._lost is not None:
                     await self._recover(self._lost)
-                elif self._in_flight or self.scheduler.has_unfinished_requests() or self.scheduler.finished_req_ids:
+                elif self._in_flight or self.scheduler.has_schedulable_requests() or self.scheduler.finished_req_ids:
                     await self.step()
                 else:
                     self._deliver()
@@ -320,6 +339,7 @@ class EngineLoop:
         # past its pool. The same incarnation still holds the mirrors of the requests just failed: drop them.
         lost_mirrors = self.scheduler.finished_req_ids if same_worker(old, description) else []
         self.scheduler = Scheduler(self.scheduler.config, description)
+        self.grammars.forget()
         self.scheduler.finished_req_ids = lost_mirrors
         self.recovering = False
         self.readiness.set(NotReady.WORKER_NOT_SERVING, False)

@@ -47,6 +47,7 @@ class Scheduler:
                                  config.watermark)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
+        self.preparing: dict[str, Request] = {}  # waiting for the worker to compile their grammar: not admitted yet
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
         self.counters = SchedulerCounters()
@@ -59,7 +60,18 @@ class Scheduler:
         self._validate(generate)
         request = Request.from_generate(generate)
         self.requests[request.req_id] = request
+        if generate.sampling.structured_output is not None:
+            self.preparing[request.req_id] = request
+        else:
+            self.waiting.append(request)
+
+    def grammar_ready(self, req_id: str) -> bool:
+        """The worker compiled the request's grammar: it may be admitted now. False when it is gone (aborted)."""
+        request = self.preparing.pop(req_id, None)
+        if request is None:
+            return False
         self.waiting.append(request)
+        return True
 
     def _validate(self, generate: GenerateRequest) -> None:
         description = self.description
@@ -90,6 +102,10 @@ class Scheduler:
         return True
 
     def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running or self.preparing)
+
+    def has_schedulable_requests(self) -> bool:
+        """Requests a step could take now (those whose grammar is still compiling are not)."""
         return bool(self.waiting or self.running)
 
     # --- one step ------------------------------------------------------------------------------------------
@@ -255,6 +271,8 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
+        else:
+            self.preparing.pop(request.req_id, None)
         self.kv.free(request)
         if request.on_worker:
             self.finished_req_ids.append(request.req_id)
@@ -264,6 +282,7 @@ class Scheduler:
         self.counters.record_finish(reason)
 
     def snapshot_stats(self) -> SchedulerStats:
-        return self.counters.snapshot(num_running=len(self.running), num_waiting=len(self.waiting),
+        num_waiting = len(self.waiting) + len(self.preparing)  # a request compiling its grammar waits too
+        return self.counters.snapshot(num_running=len(self.running), num_waiting=num_waiting,
                                       kv_usage=self.kv.usage, num_kv_blocks=self.description.num_kv_blocks,
                                       prefix=self.kv.prefix_index.counters)

@@ -12,16 +12,18 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.internal_auth import token_metadata
-from services.proto_convert.common import description_from_pb
+from services.proto_convert.common import description_from_pb, structured_output_to_pb
 from services.proto_convert.worker_contract import step_input_to_pb
-from services.proto_gen import common_pb2, worker_pb2_grpc
+from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
 from services.scheduler.step_stream import StepStream
 from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
 from shared.step_protocol import ModelDescription, StepInput, StepOutput
+from shared.structured_output import StructuredOutput
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024**2
 WORKER_SERVICE = "pagedserve.v1.WorkerService"
+GRAMMAR_COMPILE_TIMEOUT_S = 120.0  # the gateway refuses grammars that take over its own (shorter) compile timeout
 
 
 class WorkerClient:
@@ -82,6 +84,12 @@ class WorkerClient:
         stream, self._stream = self._stream, None
         if stream is not None:
             await stream.close()
+
+    async def prepare_grammar(self, structured: StructuredOutput) -> None:
+        """Returns once the worker compiled the grammar; raises grpc.aio.AioRpcError (INVALID_ARGUMENT: refused)."""
+        await self.stub.PrepareGrammar(worker_pb2.PrepareGrammarRequest(
+            structured_output=structured_output_to_pb(structured)), timeout=GRAMMAR_COMPILE_TIMEOUT_S,
+            metadata=self.auth)
 
     async def close(self) -> None:
         await self.reset_stream()

@@ -15,6 +15,7 @@ import grpc.aio
 
 from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
 from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
+from shared.structured_output import StructuredOutput
 
 SAMPLED_TOKEN = 7
 DESCRIPTION = ModelDescription(model_name="fake", architecture="LlamaForCausalLM", max_model_len=256, vocab_size=100,
@@ -47,6 +48,17 @@ class FakeWorkerClient:
         self.max_pending = 0  # the most steps ever submitted and not yet answered
         self._last: asyncio.Future | None = None  # the last step submitted on the current "stream"
         self._num_pending = 0
+        self.grammar_gate: asyncio.Event | None = None  # set: PrepareGrammar waits for it (a slow compile)
+        self.refused_grammars: set[str] = set()  # specs answered INVALID_ARGUMENT
+        self.prepared_grammars: list[str] = []  # spec of every PrepareGrammar call
+
+    async def prepare_grammar(self, structured: StructuredOutput) -> None:
+        self.prepared_grammars.append(structured.spec)
+        if self.grammar_gate is not None:
+            await self.grammar_gate.wait()
+        if structured.spec in self.refused_grammars:
+            raise grpc.aio.AioRpcError(grpc.StatusCode.INVALID_ARGUMENT, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                       "the regex cannot be compiled: bad")
 
     def restart(self, **changes) -> None:
         """A new incarnation with an empty pool: every mirror is gone."""
