@@ -22,6 +22,7 @@ from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, 
 from services.gateway.openapi_schema import install_openapi
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from services.gateway.serving import Serving
+from services.gateway.tools import template_messages
 
 _REQ_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # safe inside Redis keys and span attributes
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -50,6 +51,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
         background.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await background
+        await serving.close()
 
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
@@ -167,8 +169,10 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "pass exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = await serving.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
-                                               template_args(body, serving))
+            functions = [tool.function for tool in body.tools or []]
+            args = template_args(body, serving)
+            messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+            tokens = await serving.encode_chat(messages, args, tools=tools)
         else:
             tokens = await serving.encode_prompt(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)
         return {"tokens": tokens, "count": len(tokens), "max_model_len": model.max_model_len}

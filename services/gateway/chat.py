@@ -7,6 +7,7 @@ import time
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
+from services.gateway.chat_tool_calls import StreamedToolCalls, message_of
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceDelta
 from services.gateway.logprobs_format import chat_logprobs
@@ -22,7 +23,9 @@ from services.gateway.streaming import (
     sse_events,
     usage_of,
 )
+from services.gateway.structured_outputs import Constraint, constraint_of
 from services.gateway.tokenizer import ChatTemplateArgs
+from services.gateway.tools import ToolPlan, template_messages, tool_constraint, tool_plan_of
 
 ENDPOINT = "chat"
 
@@ -45,26 +48,49 @@ def template_args(body: ChatTemplateFields, serving: Serving) -> ChatTemplateArg
                             body.continue_final_message)
 
 
+def _constraint(body: ChatCompletionRequest, plan: ToolPlan | None) -> Constraint | None:
+    """The answer's one grammar: from the tools (unless tool_choice is none) or from response_format & co."""
+    asked = constraint_of(body)
+    calls = tool_constraint(plan) if plan is not None else None
+    if asked is not None and calls is not None:
+        raise OpenAIError(400, f"{asked.param} cannot be combined with tools unless tool_choice is none",
+                          param=asked.param)
+    return asked or calls
+
+
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
-    prompt_ids = await serving.encode_chat([{"role": m.role, "content": m.text()} for m in body.messages],
-                                           template_args(body, serving))
+    plan = tool_plan_of(body)
+    functions = [tool.function for tool in body.tools or []]
+    args = template_args(body, serving)
+    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+    prompt_ids = await serving.encode_chat(messages, args, tools=tools)
+    structured_output = await serving.check_constraint(_constraint(body, plan))
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name
-                              else body.max_tokens, _num_logprobs(body), shape)
+                              else body.max_tokens, _num_logprobs(body), shape, structured_output)
+    calls = plan if plan is not None and plan.parses_calls else None
     response_id, created = f"chatcmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model.model_name}
     if body.stream:
         extra = {"usage": None} if body.include_usage else {}
+        streamed_calls = StreamedToolCalls(calls) if calls is not None else None
 
-        def to_chunk(delta: ChoiceDelta) -> dict:
+        def to_chunk(delta: ChoiceDelta) -> dict | list[dict]:
             logprobs = chat_logprobs(serving.tokenizer, delta.logprobs) if body.logprobs else None
+            if streamed_calls is not None:
+                return [{**base, "choices": [{"index": delta.index, "delta": piece, "logprobs": logprobs if i == 0
+                                              else None, "finish_reason": finish}], **extra}
+                        for i, (piece, finish) in enumerate(streamed_calls.deltas(delta.index, delta.text,
+                                                                                    delta.finish_reason))]
             choice = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {},
                       "logprobs": logprobs, "finish_reason": delta.finish_reason}
             return {**base, "choices": [choice], **extra}
 
-        head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant", "content": ""},
+        forced = calls is not None and calls.choice in ("required", "named")  # OpenAI's head has no content then
+        head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant",
+                                                                    "content": None if forced else ""},
                                       "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
         served_by: list[str] = []
@@ -75,9 +101,12 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
                                   replica_header(served_by))
     served_by = []
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
-    choices = [{"index": r.index, "message": {"role": "assistant", "content": r.text},
-                "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None,
-                "finish_reason": r.finish_reason} for r in results]
+    choices = []
+    for r in results:
+        message, finish = message_of(calls, r) if calls is not None else (
+            {"role": "assistant", "content": r.text}, r.finish_reason)
+        choices.append({"index": r.index, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None})
     return JSONResponse({"id": response_id, "object": "chat.completion", "created": created,
                          "model": model.model_name, "choices": choices, "usage": usage_of(results)},
                         headers={"X-Request-Id": req_id, **replica_header(served_by)})

@@ -22,6 +22,7 @@ from services.gateway.streaming import (
     sse_events,
     usage_of,
 )
+from services.gateway.structured_outputs import constraint_of
 
 ENDPOINT = "completions"
 SHAPE = RequestShape("prompt", "max_tokens", "logprobs")
@@ -50,7 +51,8 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
     model = serving.require_model(body.model)
     _check_unsupported(body)
     prompts = await _prompts(body, serving)
-    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
+    structured_output = await serving.check_constraint(constraint_of(body))
+    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE, structured_output)
     echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
     response_id, created = f"cmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "text_completion", "created": created, "model": model.model_name}

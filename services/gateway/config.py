@@ -47,6 +47,7 @@ class GatewayConfig:
     health_poll_interval_s: float = 1.0  # how often the gateway checks each scheduler's health
     health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
+    grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: LogLevel = "info"  # debug, info, warning, error

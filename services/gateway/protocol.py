@@ -60,6 +60,31 @@ class StreamOptions(_Body):
     include_usage: bool = False  # a last chunk with usage before [DONE]
 
 
+class JsonSchemaFormat(_Body):
+    name: str | None = None  # OpenAI's label for the schema; not used
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None  # true: a schema keyword the grammar cannot enforce is a 400 instead of ignored
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None  # with type json_schema
+    format: dict[str, Any] | None = None  # with type structural_tag: an xgrammar structural tag format (vLLM)
+
+
+class StructuredOutputsParams(_Body):
+    """vLLM's `structured_outputs` extra: exactly one constraint."""
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")  # a JSON schema
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF (xgrammar / GBNF dialect) or Lark
+    json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: bool | None = None  # default here: true (compact JSON; small models loop on whitespace)
+
+
 class SamplingFields(_Request):
     """Fields chat and completions share."""
 
@@ -83,6 +108,12 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted for compatibility (OpenAI's end-user id); not used
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
+    response_format: ResponseFormat | None = None  # OpenAI's JSON mode / JSON schema (completions too, as vLLM)
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's constraints (json, regex, choice, grammar)
+    guided_json: dict[str, Any] | str | None = None  # vLLM's names before structured_outputs (removed in its 0.12)
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -110,9 +141,23 @@ class TextPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -129,8 +174,34 @@ class ChatTemplateFields(_Request):
     continue_final_message: bool = False  # continue the last (assistant) message instead of starting a new one
 
 
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object; None: no arguments
+    strict: bool | None = None  # true: a schema keyword the grammar cannot enforce is a 400 instead of ignored
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
+    parallel_tool_calls: bool = True  # false: at most one call per answer
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None  # 0..20 alternatives per token; needs logprobs=true
@@ -147,6 +218,7 @@ class TokenizeRequest(ChatTemplateFields):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None  # tokenized through the chat template when given
+    tools: list[Tool] | None = None  # rendered with the messages, as a chat request with these tools would be
     add_special_tokens: bool = True
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from services.gateway.errors import OpenAIError
 from services.gateway.protocol import SamplingFields
 from shared.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, SamplingParamsError
+from shared.structured_output import StructuredOutput
 
 # generation_config.json key -> SamplingParams field it provides a default for
 _GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -60,7 +61,7 @@ def check_prompt_fits(num_prompt_tokens: int, limits: ModelLimits, shape: Reques
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                           num_prompt_tokens: int, choice_index: int, defaults: dict, limits: ModelLimits,
-                          shape: RequestShape) -> SamplingParams:
+                          shape: RequestShape, structured_output: StructuredOutput | None = None) -> SamplingParams:
     """Raises OpenAIError (400) for values out of range or a request that does not fit the context."""
     check_prompt_fits(num_prompt_tokens, limits, shape)
     if max_tokens is None:
@@ -75,7 +76,7 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None, logpr
             logit_bias=_logit_bias(request.logit_bias, limits.vocab_size), logprobs=logprobs,
             stop_token_ids=tuple(dict.fromkeys(  # duplicates dropped: at most vocab_size ids
                 check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids"))),
-            ignore_eos=request.ignore_eos)
+            ignore_eos=request.ignore_eos, structured_output=structured_output)
     except SamplingParamsError as exc:
         param = {"max_tokens": shape.max_tokens_param, "logprobs": shape.logprobs_param}.get(exc.param, exc.param)
         raise OpenAIError(400, str(exc).replace(exc.param, param, 1), param=param, code="invalid_value") from None

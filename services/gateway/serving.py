@@ -13,6 +13,7 @@ from services.gateway.admission import Admission
 from services.gateway.config import GatewayConfig
 from services.gateway.errors import OpenAIError
 from services.gateway.generation import ChoiceJob
+from services.gateway.grammar_check import GrammarChecker
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.prefix_mirror import PrefixMirror
 from services.gateway.protocol import SamplingFields
@@ -20,9 +21,11 @@ from services.gateway.replicas import ReplicaSet
 from services.gateway.router import Router, RouterConfig
 from services.gateway.router_metrics import ReplicaStateCollector, RouterMetrics
 from services.gateway.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
+from services.gateway.structured_outputs import Constraint
 from services.gateway.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import ModelDescription
+from shared.structured_output import StructuredOutput
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +41,7 @@ class Serving:
     admission: Admission = field(init=False)
     router: Router = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
+    grammar_checker: GrammarChecker | None = None  # started with the first constrained request
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
@@ -103,17 +107,32 @@ class Serving:
         except PromptTooLong as exc:
             raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
 
-    async def encode_chat(self, messages: list[dict[str, str]], args: ChatTemplateArgs | None = None,
-                          param: str = "messages") -> list[int]:
+    async def encode_chat(self, messages: list[dict], args: ChatTemplateArgs | None = None,
+                          param: str = "messages", tools: list[dict] | None = None) -> list[int]:
         """Token ids of the conversation through the chat template, templated and tokenized off the event loop."""
         try:
             return await self.tokenizer.off_loop(self.tokenizer.chat_prompt_ids, messages, args,
-                                                 self.limits.max_model_len)
+                                                 self.limits.max_model_len, tools)
         except PromptTooLong as exc:
             raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
 
+    async def check_constraint(self, constraint: Constraint | None) -> StructuredOutput | None:
+        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field)."""
+        if constraint is None:
+            return None
+        if self.grammar_checker is None:
+            model = self.require_model(None)
+            self.grammar_checker = GrammarChecker(self.config.model_dir, model.vocab_size, model.eos_token_ids,
+                                                  self.config.grammar_compile_timeout_s)
+        return await self.grammar_checker.check(constraint)
+
+    async def close(self) -> None:
+        if self.grammar_checker is not None:
+            await self.grammar_checker.close()
+
     def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
-                   logprobs: int | None, shape: RequestShape) -> list[ChoiceJob]:
+                   logprobs: int | None, shape: RequestShape,
+                   structured_output: StructuredOutput | None = None) -> list[ChoiceJob]:
         """n scheduler requests per prompt; one req_id when there is one choice, `{req_id}-{i}` otherwise."""
         limit, num_choices = self.config.max_num_choices, len(prompts) * body.n
         if body.n > limit:
@@ -125,7 +144,7 @@ class Serving:
         for prompt_index, prompt_ids in enumerate(prompts):
             for i in range(body.n):
                 params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
-                                               self.generation_defaults, self.limits, shape)
+                                               self.generation_defaults, self.limits, shape, structured_output)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
                 jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,

@@ -231,9 +231,11 @@ def sse_error(exc: BaseException, req_id: str | None = None) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_chunk: Callable[[ChoiceDelta], dict],
+async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict],
+                     to_chunk: Callable[[ChoiceDelta], dict | list[dict]],
                      usage_chunk: Callable[[dict], dict] | None, req_id: str | None = None) -> AsyncIterator[str]:
-    """`head` chunks, one chunk per delta, the usage chunk when asked, then [DONE]; errors as an error event."""
+    """`head` chunks, the chunk (or chunks) of each delta, the usage chunk when asked, then [DONE]; errors as an
+    error event."""
     for chunk in head:
         yield sse(chunk)
     tracker = UsageTracker()
@@ -241,7 +243,9 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict], to_ch
         async with contextlib.aclosing(deltas) as stream:
             async for delta in stream:
                 tracker.add(delta)
-                yield sse(to_chunk(delta))
+                chunks = to_chunk(delta)
+                for chunk in chunks if isinstance(chunks, list) else [chunks]:
+                    yield sse(chunk)
     except Exception as exc:  # the status line is gone: report in the stream, as OpenAI does
         yield sse_error(exc, req_id)
     else:

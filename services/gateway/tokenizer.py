@@ -70,10 +70,16 @@ class PromptTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.chat_template)
 
-    def chat_prompt_ids(self, messages: list[dict[str, str]], args: ChatTemplateArgs | None = None,
-                        max_num_tokens: int | None = None) -> list[int]:
+    def supports_tools(self, args: ChatTemplateArgs | None = None) -> bool:
+        """Whether the chat template renders `tools` itself (else tools.py writes them into the system prompt)."""
+        template = (args.template if args is not None else None) or self.chat_template
+        return isinstance(template, str) and "tools" in template
+
+    def chat_prompt_ids(self, messages: list[dict], args: ChatTemplateArgs | None = None,
+                        max_num_tokens: int | None = None, tools: list[dict] | None = None) -> list[int]:
         """Token ids of a conversation through the chat template (by default ending with the assistant's header);
-        raises PromptTooLong when the rendered text surely holds max_num_tokens or more."""
+        raises PromptTooLong when the rendered text surely holds max_num_tokens or more. `tools` go to templates
+        that render them (see supports_tools)."""
         args = args or ChatTemplateArgs()
         template = args.template or self.chat_template
         if not template:
@@ -88,7 +94,8 @@ class PromptTokenizer:
         options = {"add_generation_prompt": args.add_generation_prompt,
                    "continue_final_message": args.continue_final_message, **args.kwargs}
         try:
-            text = self.tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, **options)
+            text = self.tokenizer.apply_chat_template(messages, chat_template=template, tools=tools, tokenize=False,
+                                                      **options)
         except Exception as exc:  # the template may raise (e.g. on a role order it forbids) or not compile
             raise OpenAIError(400, f"the chat template rejected the messages: {exc}", param="messages") from exc
         return self.encode(text, add_special_tokens=False, max_num_tokens=max_num_tokens)
