@@ -1,0 +1,114 @@
+"""Constrained requests preempted in a tiny KV pool give the outputs they give without preemption: the worker
+rebuilds a preempted request's matcher by replaying its outputs (the real scheduler and worker, in process)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from pagedserve.llm import chat_token_ids
+from pagedserve.llm_engine import LLMEngine
+from services.gpu_worker.kv_cache import kv_bytes_per_token
+from services.gpu_worker.model_config import load_model_config
+from services.gpu_worker.worker import Worker
+from services.gpu_worker.worker_config import WorkerConfig
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler_config import SchedulerConfig
+from shared.request_io import FinishReason, GenerateRequest
+from shared.sampling_params import SamplingParams
+from shared.structured_output import StructuredOutput, StructuredOutputKind
+
+NUM_REQUESTS = 16
+TINY_POOL = 10  # blocks of 16 tokens: a fraction of what the 16 requests hold at once, so requests preempt
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                         "population": {"type": "integer"},
+                                         "coastal": {"type": "boolean"},
+                                         "landmarks": {"type": "array", "items": {"type": "string", "maxLength": 20},
+                                                       "maxItems": 3}},
+        "required": ["city", "population", "coastal", "landmarks"], "additionalProperties": False}
+GRAMMARS = [StructuredOutput(StructuredOutputKind.JSON_SCHEMA, json.dumps(CITY)),
+            StructuredOutput(StructuredOutputKind.JSON_OBJECT, ""),
+            StructuredOutput(StructuredOutputKind.REGEX, r"[A-Z][a-z]+( [a-z]+){3,9}\.")]
+CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Hanoi", "Quito", "Rome", "Seoul"]
+
+
+@dataclass
+class Run:
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    reasons: dict[str, FinishReason] = field(default_factory=dict)
+    num_preemptions: int = 0
+
+
+@pytest.fixture(scope="module")
+def worker(smollm2_dir) -> Worker:
+    """fp32 products and cache: a request's numbers do not depend on its batch, so both runs must agree."""
+    model_config = load_model_config(smollm2_dir)
+    return Worker(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_dtype="float32",
+                               int8_activations=False, kv_cache_memory_bytes=256 * 16 * kv_bytes_per_token(
+                                   model_config, torch.float32)))
+
+
+@pytest.fixture(scope="module")
+def requests(smollm2_dir) -> list[GenerateRequest]:
+    """Each grammar kind in turn; every other request sampled with a seed (its draws depend only on the seed and
+    its output index, so preemption must not change them either)."""
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    out = []
+    for i in range(NUM_REQUESTS):
+        city = CITIES[i % len(CITIES)]
+        prompt = chat_token_ids(tokenizer, [{"role": "user", "content": f"Describe {city} as JSON, please."}])
+        sampling = SamplingParams(temperature=0.0 if i % 2 == 0 else 0.8, seed=None if i % 2 == 0 else i,
+                                  max_tokens=70, structured_output=GRAMMARS[i % len(GRAMMARS)])
+        out.append(GenerateRequest(f"r{i}", prompt, sampling))
+    return out
+
+
+def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool,
+        num_blocks: int | None = None) -> Run:
+    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256), async_scheduling)
+    if num_blocks is not None:  # the scheduler hands out only the first num_blocks of the worker's pool
+        engine.scheduler = Scheduler(engine.scheduler.config, replace(engine.description, num_kv_blocks=num_blocks))
+    result = Run()
+    for request in requests:
+        engine.add_request(request)
+        result.tokens[request.req_id] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            result.tokens[out.req_id].extend(out.new_token_ids)
+            if out.finished:
+                result.reasons[out.req_id] = out.finish_reason
+    while engine.scheduler.finished_req_ids:  # tell the worker about the last finishes
+        engine.step()
+    assert engine.worker.requests == {}  # no mirror (and no matcher) left behind
+    assert engine.scheduler.kv.usage == 0.0
+    result.num_preemptions = engine.scheduler.snapshot_stats().num_preemptions
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(worker, requests) -> Run:
+    roomy = run(worker, requests, async_scheduling=False)
+    assert roomy.num_preemptions == 0
+    return roomy
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])
+def test_preempted_constrained_requests_give_the_same_outputs(worker, requests, reference, smollm2_dir,
+                                                              async_scheduling):
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    schema_outputs = [tokenizer.decode(reference.tokens[r.req_id], skip_special_tokens=True) for r in requests
+                      if r.sampling.structured_output is GRAMMARS[0] and reference.reasons[r.req_id] is
+                      FinishReason.STOP]
+    assert schema_outputs, "no schema-constrained request finished: the comparison would show little"
+    for text in schema_outputs:
+        assert set(json.loads(text)) == set(CITY["properties"]), text  # the grammar did constrain
+    tiny = run(worker, requests, async_scheduling, num_blocks=TINY_POOL)
+    assert tiny.num_preemptions >= NUM_REQUESTS // 2
+    for request in requests:
+        req_id = request.req_id
+        assert (tiny.tokens[req_id], tiny.reasons[req_id]) == (reference.tokens[req_id], reference.reasons[req_id]), \
+            req_id
