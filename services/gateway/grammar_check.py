@@ -118,6 +118,7 @@ class GrammarChecker:
 def _serve(model_dir: str, vocab_size: int, stop_token_ids: tuple[int, ...]) -> None:
     """The child: compile each grammar it is sent (one JSON line each) and answer {"kind": kind that compiled or
     "", "error": message} on its own line. Native code's prints go to stderr, away from the answers."""
+    _die_with_parent()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     from services.gpu_worker.grammar import GrammarCache, GrammarError
@@ -133,6 +134,17 @@ def _serve(model_dir: str, vocab_size: int, stop_token_ids: tuple[int, ...]) -> 
         except GrammarError as exc:
             answer = {"kind": "", "error": str(exc)}
         answers.write(json.dumps(answer) + "\n")
+
+
+def _die_with_parent() -> None:
+    """Have the kernel kill this child when the gateway dies, so that no orphan compiles on (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _compiled_kind(cache, structured: StructuredOutput) -> StructuredOutputKind:
