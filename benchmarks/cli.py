@@ -60,6 +60,11 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     target.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
     target.add_argument("--temperature", type=float, default=0.0, help="sampling temperature of every request")
     target.add_argument("--extra-body", default=None, help="JSON object merged into every request body")
+    target.add_argument("--constrained-body", default=None,
+                        help="JSON object merged into a fraction of the request bodies, e.g. "
+                             '\'{"response_format": {"type": "json_schema", ...}}\'')
+    target.add_argument("--constrained-fraction", type=float, default=None,
+                        help="share of the requests that get --constrained-body, spread evenly; default 1 with it")
     target.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                         help="generate exactly max_tokens for every request (EOS suppressed); default: on "
                              f"for the synthetic datasets ({', '.join(SYNTHETIC_DATASETS)}), off for recorded ones")

@@ -44,6 +44,9 @@ def _endpoint(args: argparse.Namespace, tokenizer: BenchTokenizer | None) -> End
     extra_body = json.loads(args.extra_body) if args.extra_body else {}
     if not isinstance(extra_body, dict):
         raise ValueError("--extra-body must be a JSON object")
+    constrained_body = json.loads(args.constrained_body) if args.constrained_body else {}
+    if not isinstance(constrained_body, dict):
+        raise ValueError("--constrained-body must be a JSON object")
     return EndpointConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}",
         model=args.model or "",  # "": the server's first model (benchmarks.discovery)
@@ -56,6 +59,9 @@ def _endpoint(args: argparse.Namespace, tokenizer: BenchTokenizer | None) -> End
         temperature=args.temperature,
         request_timeout_s=args.request_timeout,
         extra_body=extra_body,
+        constrained_body=constrained_body,
+        constrained_fraction=(1.0 if constrained_body else 0.0) if args.constrained_fraction is None
+        else args.constrained_fraction,
     )
 
 

@@ -21,6 +21,7 @@ class BenchRequest:
     num_output_tokens: int  # sent as max_tokens
     system_prompt: str | None = None  # shared-prefix: the group's long shared prompt
     group: int | None = None  # shared-prefix: which shared prompt
+    constrained: bool = False  # gets the endpoint's constrained_body (e.g. a response_format) merged in
 
     def completion_text(self) -> str:
         """The prompt as one string, for the completions endpoint."""

@@ -1,6 +1,7 @@
 """What one benchmark request looks like on the wire, for the chat and completions endpoints."""
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from benchmarks.datasets import BenchRequest
 
@@ -27,12 +28,16 @@ class EndpointConfig:
     temperature: float = 0.0
     request_timeout_s: float = 600.0
     extra_body: dict = field(default_factory=dict)  # merged into every payload
+    constrained_body: dict = field(default_factory=dict)  # merged into the constrained requests' payloads
+    constrained_fraction: float = 0.0  # of the requests, spread evenly (see mark_constrained)
 
     def __post_init__(self):
         if self.endpoint_type not in DEFAULT_ENDPOINTS:
             raise ValueError(f"--endpoint-type must be one of {tuple(DEFAULT_ENDPOINTS)}, got {self.endpoint_type!r}")
         if self.eos_suppression not in (*EOS_SUPPRESSIONS, EOS_NOT_SUPPRESSED):
             raise ValueError(f"--eos-suppression must be one of {EOS_SUPPRESSIONS}")
+        if not 0.0 <= self.constrained_fraction <= 1.0:
+            raise ValueError(f"--constrained-fraction must be in [0, 1], got {self.constrained_fraction}")
 
     @property
     def url(self) -> str:
@@ -63,7 +68,13 @@ def build_payload(cfg: EndpointConfig, request: BenchRequest) -> dict:
         payload["prompt"] = request.completion_text()
     if cfg.ignore_eos:
         payload.update(eos_fields(cfg.eos_suppression, cfg.eos_token_ids))
-    return {**payload, **cfg.extra_body}
+    return {**payload, **cfg.extra_body, **(cfg.constrained_body if request.constrained else {})}
+
+
+def mark_constrained(requests: list[BenchRequest], fraction: float) -> list[BenchRequest]:
+    """`fraction` of the requests constrained, spread evenly (0.5: every second one, starting with the second)."""
+    return [replace(r, constrained=math.floor((i + 1) * fraction) > math.floor(i * fraction))
+            for i, r in enumerate(requests)]
 
 
 def eos_fields(method: str, eos_token_ids: tuple[int, ...]) -> dict:

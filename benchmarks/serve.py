@@ -11,7 +11,7 @@ from benchmarks.contract import machine_info
 from benchmarks.datasets import DatasetConfig, build_dataset
 from benchmarks.discovery import resolve
 from benchmarks.load import LoadPoint
-from benchmarks.payload import EndpointConfig
+from benchmarks.payload import EndpointConfig, mark_constrained
 from benchmarks.probe import resolve_eos_suppression, server_info
 from benchmarks.report import run_to_dict
 from benchmarks.runner import RunOptions, run_point, run_warmups
@@ -48,7 +48,8 @@ async def run_serve(
         num_warmup_failures = await _warm_up(client, endpoint, cfg, tokenizer)
         runs = []
         for i, point in enumerate(cfg.points):
-            requests = build_dataset(cfg.dataset, tokenizer, cfg.seed + i)
+            requests = mark_constrained(build_dataset(cfg.dataset, tokenizer, cfg.seed + i),
+                                        endpoint.constrained_fraction)
             result = await run_point(client, endpoint, requests, point, cfg.seed + i, cfg.run, count_tokens)
             runs.append(run_to_dict(result, cfg.sweep))
             on_run(runs[-1])
@@ -63,7 +64,8 @@ async def _warm_up(
     if cfg.num_warmups == 0:
         return 0
     dataset = replace(cfg.dataset, num_prompts=cfg.num_warmups)
-    requests = build_dataset(dataset, tokenizer, cfg.seed + len(cfg.points))
+    requests = mark_constrained(build_dataset(dataset, tokenizer, cfg.seed + len(cfg.points)),
+                                endpoint.constrained_fraction)  # grammars compile here, not in a point
     records = await run_warmups(client, endpoint, requests, cfg.points[0].max_concurrency)
     failures = [record for record in records if not record.ok]
     if failures:
@@ -91,6 +93,8 @@ def _contract(
         "eos_suppression": endpoint.eos_suppression if endpoint.ignore_eos else None,
         "eos_token_ids": list(endpoint.eos_token_ids),
         "extra_body": endpoint.extra_body,
+        "constrained_body": endpoint.constrained_body,
+        "constrained_fraction": endpoint.constrained_fraction,
         "dataset": asdict(cfg.dataset),
         "seed": cfg.seed,
         "sweep": cfg.sweep,

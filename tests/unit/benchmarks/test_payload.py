@@ -1,7 +1,7 @@
 import pytest
 
 from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EndpointConfig, build_payload, check_eos_suppression
+from benchmarks.payload import EndpointConfig, build_payload, check_eos_suppression, mark_constrained
 from benchmarks.tokenizer import BenchTokenizer
 
 SHARED = BenchRequest("What is the leave policy?", 7, 32, system_prompt="Handbook text.", group=0)
@@ -81,3 +81,18 @@ def test_logit_bias_suppression_needs_eos_ids_once_the_tokenizer_is_known():
                                              eos_suppression="logit-bias"))
     check_eos_suppression(EndpointConfig(base_url="http://h", model="m", ignore_eos=True,
                                          eos_suppression="logit-bias", eos_token_ids=(2,)))
+
+
+def test_constrained_body_goes_to_an_even_share_of_the_requests():
+    body = {"response_format": {"type": "json_object"}}
+    cfg = EndpointConfig(base_url="http://h:1", model="m", extra_body={"top_p": 0.5}, constrained_body=body,
+                         constrained_fraction=0.5)
+    requests = mark_constrained([SHARED] * 6, cfg.constrained_fraction)
+    assert [r.constrained for r in requests] == [False, True] * 3
+    payloads = [build_payload(cfg, r) for r in requests]
+    assert ["response_format" in p for p in payloads] == [False, True] * 3
+    assert all(p["top_p"] == 0.5 for p in payloads)
+    assert [r.constrained for r in mark_constrained([SHARED] * 4, 0.25)] == [False, False, False, True]
+    assert not any(r.constrained for r in mark_constrained([SHARED] * 4, 0.0))
+    with pytest.raises(ValueError, match="constrained-fraction"):
+        EndpointConfig(base_url="http://h:1", model="m", constrained_fraction=1.5)

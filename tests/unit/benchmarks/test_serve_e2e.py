@@ -253,3 +253,18 @@ def test_cached_tokens_and_replicas_from_usage_and_headers(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "Cached prompt tokens, from usage (%):       71.4" in out
     assert "Requests per replica:                       replica-0: 2, replica-1: 2" in out
+
+
+def test_constrained_body_reaches_the_given_share_and_the_contract(tmp_path):
+    state = FakeState()
+    body = {"response_format": {"type": "json_object"}}
+    args = ["--num-prompts", "6", "--random-input-len", "20", "--random-output-len", "4", "--num-warmups", "2",
+            "--constrained-body", json.dumps(body), "--constrained-fraction", "0.5", "--result-filename", "c.json"]
+    with FakeOpenAIServer(state) as server:
+        assert main(serve_args(server.base_url, tmp_path, *args)) == 0
+    result = json.loads((tmp_path / "c.json").read_text())
+    assert result["contract"]["constrained_body"] == body and result["contract"]["constrained_fraction"] == 0.5
+    measured = state.bodies[-6:]
+    assert sorted("response_format" in b for b in measured) == [False] * 3 + [True] * 3
+    warmups = state.bodies[-8:-6]
+    assert any("response_format" in b for b in warmups)  # a grammar compiles before the measured point
