@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing \
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured \
 	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
@@ -122,6 +122,13 @@ bench-llama: model
 LATENCY_ARGS ?=
 bench-latency: model
 	$(PY) -m benchmarks.latency --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
+
+# Structured outputs: output tok/s at 16 streams with every second request under a JSON schema vs none, rounds
+# alternating on one `pagedserve serve` (docs/structured-outputs.md); exits 1 below 0.85x. STRUCTURED_ARGS: e.g.
+# --rounds 3 --num-prompts 48.
+STRUCTURED_ARGS ?=
+bench-structured: model
+	$(PY) -m benchmarks.structured --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/structured.json $(STRUCTURED_ARGS)
 
 # Routing over replicas: the router's own cost in process (p99 target 1 ms at 8 replicas, 1,000-token prompts),
 # then prefix vs round-robin vs least-load on 2 local replicas with a shared-prefix workload (docs/replicas.md);
