@@ -43,7 +43,7 @@ def test_sigterm_lets_eight_streams_finish_then_exits_0(quiescent):
 def test_streams_past_the_drain_timeout_end_with_an_error_event_and_done(quiescent):
     gateway = quiescent.start_gateway("--drain-timeout-s", "2", name="drain-cut")
     streams = Streams(gateway.base_url, LONG, 3)
-    _wait_running(quiescent, 3)
+    streams.wait_started(120)  # a request cut before its response began gets a JSON 503 instead (unit-tested)
     gateway.process.send_signal(signal.SIGTERM)
     results = streams.join(120)
     assert gateway.process.wait(60) == 0, gateway.tail()
