@@ -87,9 +87,10 @@ class GrammarChecker:
                                  f"(deeply nested or very long bounded structures compile slowly)")
         except (ConnectionError, BrokenPipeError):
             line = b""
-        if not line:
+        if not line:  # the engine crashed on this grammar: refuse it (a fresh child takes the next one)
             await self.close()
-            raise RuntimeError("the grammar checker exited")
+            log.warning("the grammar checker died compiling a %s grammar; refused", structured.kind.value)
+            return Verdict(None, "the grammar engine failed on this grammar")
         answer = json.loads(line)
         return Verdict(StructuredOutputKind(answer["kind"]) if answer["kind"] else None, answer["error"])
 

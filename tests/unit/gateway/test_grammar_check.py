@@ -99,3 +99,24 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_grammar_the_engine_dies_on_is_refused_and_the_checker_recovers():
+    async def scenario() -> None:
+        checker = GrammarChecker(str(MODEL_DIR), 49152, (2,), timeout_s=600)
+        try:
+            await checker.check(constraint(StructuredOutputKind.REGEX, "x"))  # child started
+            child = checker._child
+            fatal = asyncio.create_task(checker.check(constraint(
+                StructuredOutputKind.JSON_SCHEMA, json.dumps(slow_schema()), "response_format.json_schema")))
+            await asyncio.sleep(1)
+            child.kill()  # as a crash in the native compiler would
+            with pytest.raises(OpenAIError) as info:
+                await fatal
+            assert info.value.status == 400 and info.value.param == "response_format.json_schema"
+            assert "failed on this grammar" in info.value.message
+            assert await checker.check(constraint(StructuredOutputKind.REGEX, "y"))  # a fresh child answers
+        finally:
+            await checker.close()
+
+    asyncio.run(scenario())
