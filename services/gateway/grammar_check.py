@@ -95,20 +95,25 @@ class GrammarChecker:
         return Verdict(StructuredOutputKind(answer["kind"]) if answer["kind"] else None, answer["error"])
 
     async def _started_child(self) -> asyncio.subprocess.Process:
+        """The running child, or a new one; one retry when a new one fails to start (seen once under heavy load)."""
         if self._child is not None and self._child.returncode is None:
             return self._child
-        self._child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "services.gateway.grammar_check", self.model_dir, str(self.vocab_size),
-            ",".join(map(str, self.stop_token_ids)), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            limit=1024**2)
-        try:
-            ready = await asyncio.wait_for(self._child.stdout.readline(), START_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        if ready.strip() != b"ready":
+        for attempt in (1, 2):
+            self._child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "services.gateway.grammar_check", self.model_dir, str(self.vocab_size),
+                ",".join(map(str, self.stop_token_ids)), stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, limit=1024**2)
+            try:
+                ready = await asyncio.wait_for(self._child.stdout.readline(), START_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+            if ready.strip() == b"ready":
+                return self._child
+            child = self._child
             await self.close()
-            raise RuntimeError("the grammar checker did not start")
-        return self._child
+            log.warning("the grammar checker did not start (attempt %d, exit code %s, said %r)", attempt,
+                        child.returncode, ready[:200])
+        raise RuntimeError("the grammar checker did not start")
 
     def _remember(self, key: str, verdict: Verdict) -> None:
         self._verdicts[key] = verdict
