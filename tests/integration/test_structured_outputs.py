@@ -20,14 +20,17 @@ DISHES = ["pancakes", "lentil soup", "pad thai", "a caesar salad", "guacamole", 
           "a green smoothie", "tacos", "shakshuka", "pesto pasta", "miso soup"]
 
 
-class Recipe(BaseModel):
-    """Every part is bounded, so the grammar ends well inside max_tokens."""
+NAME = r"^[A-Za-z][A-Za-z ,'-]{0,39}$"  # plain words: a character is a token or less (a katakana one is 3)
 
-    name: str = Field(max_length=40)
+
+class Recipe(BaseModel):
+    """Every part is bounded in tokens, so the grammar ends well inside max_tokens."""
+
+    name: str = Field(pattern=NAME)
     servings: int = Field(ge=1, le=12)
     vegetarian: bool
     cuisine: Literal["italian", "french", "indian", "asian", "american", "other"]
-    ingredients: list[Annotated[str, Field(max_length=30)]] = Field(min_length=1, max_length=4)
+    ingredients: list[Annotated[str, Field(pattern=NAME)]] = Field(min_length=1, max_length=4)
 
 
 class WeatherArgs(BaseModel):
