@@ -58,8 +58,9 @@ TOOL_PROMPTS = ([f"What is the weather like in {city} right now?" for city in CI
 
 @pytest.fixture(scope="module")
 def client(client):
-    """Twenty answers at once can take minutes on two busy cores."""
-    return client.with_options(timeout=900)
+    """Twenty answers at once can take minutes on two busy cores, and the scheduler may refuse some with 429 +
+    Retry-After while its predicted queue is long: the client waits and retries, as OpenAI's clients do."""
+    return client.with_options(timeout=900, max_retries=10)
 
 
 def parallel(function, items: list) -> list:
