@@ -4,8 +4,10 @@ Decodes (one query each) run as one batched call of `decode_fn`: `paged_decode` 
 that reads each request's own blocks up to its own length. Prefill chunks run all together in `prefill_fn` when
 one is given (it reads the paged context in place); else each chunk runs as its own scaled_dot_product_attention
 over its gathered context (a step holds few chunks, and padding a long chunk against many decodes would cost
-more). Tensors every layer needs the same (masks, index casts) are built once per step and kept in
-`meta.scratch`.
+more). With `decodes_as_chunks`, decodes too go through `prefill_fn` as one-row chunks: one kernel for every
+row, so a row's numbers do not depend on whether it was computed as a decode or inside a prompt chunk (the
+batch-invariant mode). Tensors every layer needs the same (masks, index casts) are built once per step and kept
+in `meta.scratch`.
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
 
     def __init__(self, shape: AttentionShape, decode_fn: DecodeFn = paged_decode, decode_native: bool = False,
-                 prefill_fn: PrefillFn | None = None) -> None:
+                 prefill_fn: PrefillFn | None = None, decodes_as_chunks: bool = False) -> None:
         """`decode_native`: `decode_fn` takes the whole int32 block tables and lengths (a C kernel), not int64
         tables trimmed to the longest context (paged_decode's contract)."""
         super().__init__(shape)
+        if decodes_as_chunks and prefill_fn is None:
+            raise ValueError("decodes run as prompt chunks only through a prefill kernel")
         self.decode_fn = decode_fn
         self.decode_native = decode_native
         self.prefill_fn = prefill_fn
+        self.decodes_as_chunks = decodes_as_chunks
 
     @property
     def decode_compiled(self) -> bool:
@@ -49,7 +54,7 @@ class TorchAttentionBackend(AttentionBackend):
                 ) -> None:
         """Compile the decode graphs up front (batch and block counts of 1 specialize); if compiling fails, run
         decode attention eagerly, with a warning."""
-        if not self.decode_compiled:
+        if not self.decode_compiled or self.decodes_as_chunks:
             return
         try:
             with torch.inference_mode():  # as steps run: inference tensors and grad mode are part of the guards
@@ -73,6 +78,9 @@ class TorchAttentionBackend(AttentionBackend):
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
+        if self.decodes_as_chunks:
+            return self.prefill_fn(query, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
+                                   meta.seq_lens, self.shape.scale, self.shape.sliding_window or 0)
         if meta.num_decodes == meta.num_requests:  # a decode-only step: no copy into a shared output
             return self._decode(query, key_cache, value_cache, meta)
         out = torch.empty_like(query)

@@ -21,7 +21,7 @@ def platform_for(config: WorkerConfig) -> Platform:
     if device.type == "cuda":
         from services.gpu_worker.platforms.cuda import CudaPlatform
 
-        return CudaPlatform(device, config.torch_compile)
+        return CudaPlatform(device, config.torch_compile, config.batch_invariant)
     if device.type == "cpu":
         from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 

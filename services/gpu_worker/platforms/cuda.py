@@ -16,9 +16,11 @@ class CudaPlatform(Platform):
     name = "cuda"
     default_attention_backend = "triton"
 
-    def __init__(self, device: torch.device, torch_compile: bool = True) -> None:
+    def __init__(self, device: torch.device, torch_compile: bool = True, batch_invariant: bool = False) -> None:
         """Touches no device: building the object is safe on a machine without one."""
         super().__init__(device)
+        if batch_invariant:
+            raise ValueError("--batch-invariant is implemented on CPU only")
         self.torch_compile = torch_compile
 
     def serving_dtype(self, checkpoint: torch.dtype) -> torch.dtype:

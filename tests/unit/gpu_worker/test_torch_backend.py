@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -17,7 +19,8 @@ from tests.kernels.tolerances import assert_close_to_ref
 CPU = torch.device("cpu")
 KERNELS = {"eager": {"native_kernels": False, "torch_compile": False},  # CpuPlatform options of each variant
            "compiled": {"native_kernels": False, "torch_compile": True},
-           "native": {"native_kernels": True, "torch_compile": False}}
+           "native": {"native_kernels": True, "torch_compile": False},
+           "batch-invariant": {"native_kernels": True, "torch_compile": False, "batch_invariant": True}}
 
 
 def cpu_backend(shape: AttentionShape, kernels: str, key_cache: torch.Tensor, value_cache: torch.Tensor,
@@ -129,3 +132,24 @@ def test_decode_only_step_matches_reference(native: bool) -> None:
                               batch.query_start_loc_cpu, 0.125, None)
     assert out.shape == batch.query.shape
     assert_close_to_ref(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_invariant_decodes_get_the_numbers_of_their_prompt_rows(dtype: torch.dtype) -> None:
+    """Batch-invariant mode: decodes go through the prefill kernel as one-row chunks, so a decode at position p
+    gets, bit for bit, what the same query gets as row p of a prompt chunk (a recompute after preemption)."""
+    chunk = make_batch([300], [60], 6, 2, 64, 16, dtype, CPU, seed=11)  # positions 240..299 in one chunk
+    backend = cpu_backend(AttentionShape(6, 2, 64, 0.125, None), "batch-invariant", chunk.key_cache,
+                          chunk.value_cache)
+    assert backend.decodes_as_chunks and backend.prefill_fn is not None
+    with torch.inference_mode():
+        as_chunk = backend.attend(chunk.query, chunk.key_cache, chunk.value_cache,
+                                  _metadata(chunk, _new_token_slots(chunk, 16), 0))
+        positions = [240, 271, 299]
+        decodes = dataclasses.replace(
+            chunk, query=chunk.query[[p - 240 for p in positions]], block_tables=chunk.block_tables.expand(3, -1),
+            seq_lens=torch.tensor([p + 1 for p in positions], dtype=torch.int32),
+            query_start_loc=torch.arange(4, dtype=torch.int32), seq_lens_cpu=[p + 1 for p in positions],
+            query_start_loc_cpu=[0, 1, 2, 3])
+        as_decodes = backend.attend(decodes.query, chunk.key_cache, chunk.value_cache, _metadata(decodes, [], 3))
+    assert torch.equal(as_decodes, as_chunk[[p - 240 for p in positions]])

@@ -29,9 +29,16 @@ def triton_backend(shape: AttentionShape, triton_interpret: bool) -> AttentionBa
 
 
 def torch_backend(shape: AttentionShape, query_dtype: torch.dtype, cache_dtype: torch.dtype, block_size: int,
-                  native: NativeKernels | None, torch_compile: bool) -> TorchAttentionBackend:
-    """Decode attention: the C kernel, else compiled, else eager; prompt chunks: the C kernel, else SDPA."""
+                  native: NativeKernels | None, torch_compile: bool, batch_invariant: bool) -> TorchAttentionBackend:
+    """Decode attention: the C kernel, else compiled, else eager; prompt chunks: the C kernel, else SDPA. In
+    batch-invariant mode decodes too go through the C prefill kernel (one kernel for every row), which it needs."""
     prefill = _native_prefill(shape, query_dtype, cache_dtype, block_size, native) if native else None
+    if batch_invariant:
+        if prefill is None:
+            raise ValueError(f"--batch-invariant needs the C prefill attention kernel, which does not run here "
+                             f"({query_dtype} queries over a {cache_dtype} cache, head size {shape.head_dim}, "
+                             f"blocks of {block_size}, native kernels {'on' if native else 'off'})")
+        return TorchAttentionBackend(shape, prefill_fn=prefill, decodes_as_chunks=True)
     decode = _native_decode(shape, query_dtype, cache_dtype, block_size, native) if native else None
     if decode is not None:
         return TorchAttentionBackend(shape, decode, decode_native=True, prefill_fn=prefill)

@@ -11,6 +11,9 @@ or its oneDNN-prepacked twin (prepacked.py; a lone row as two, tiles of one size
 few-row product a decode-only step of as many rows takes (the C few-row kernel, or a compiled one-row loop), in
 decode-only and mixed steps alike, so that a decode's numbers do not depend on prompts sharing its step; more
 decode rows than it serves go to the prompt product (on AMX: one untiled prepacked call).
+
+In batch-invariant mode every row takes the prompt product: a row's numbers then depend only on the row, whether
+it is a decode, a prompt row or a recomputed one after preemption.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class LinearOptions:
     native_kernels: bool = True  # the C kernels of kernels/cpu
     torch_compile: bool = True  # a compiled one-row product for 16-bit decodes where the C few-row kernel is off
     int8_activations: bool = False  # 4-bit grid weights multiply int8-quantized inputs
+    batch_invariant: bool = False  # every row through the prompt product
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,14 @@ def bind_linears(layers: list[Linear], native: NativeKernels | None, options: Li
         return
     packed = _prepacked(layers) if native is not None else {}
     tile = prepacked.tile_rows() if packed else 0
+    if options.batch_invariant and not packed:
+        raise ValueError("--batch-invariant needs the C GEMMs (fp32 models) or bf16 weights prepacked for oneDNN "
+                         "(a CPU with AVX512-BF16 or AMX), whose numbers for a row do not depend on the rows beside "
+                         "it; this model's linears get neither here")
+    if options.batch_invariant:
+        for layer in layers:
+            layer.kernel = RoutedLinear(_prompt_product(layer, packed.get(layer), tile))
+        return
     few_rows, max_rows = _few_row_products(layers, native, options.torch_compile, bool(packed))
     for layer in layers:
         weight, bias, packed_weight = layer.weight, layer.bias, packed.get(layer)

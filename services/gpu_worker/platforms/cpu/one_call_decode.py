@@ -77,7 +77,7 @@ def unsupported(model: DecoderLM, kv_cache: KVCache, backend: TorchAttentionBack
         return "q/k norms"
     if native.fused_ops is None or native.packed_linear is None:
         return "the C linear or fused-op kernels are not built"
-    if not backend.decode_native:
+    if not backend.decode_native or backend.decodes_as_chunks:
         return "decode attention does not run in the C decode kernel"
     if kv_cache.dtype not in (torch.float32, torch.float16):
         return f"a {kv_cache.dtype} KV cache"

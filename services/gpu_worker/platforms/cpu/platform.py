@@ -1,5 +1,5 @@
 """The CPU platform: bf16 where the CPU is fast at it, the C kernels of kernels/cpu where they build, torch (or
-torch.compile) where they do not."""
+torch.compile) where they do not, and an opt-in batch-invariant mode."""
 
 from __future__ import annotations
 
@@ -22,22 +22,24 @@ from services.gpu_worker.worker_config import WorkerConfig
 
 class CpuPlatform(Platform):
     """The flags keep the worker's names: `native_kernels` (the C kernels), `torch_compile` (compiled fallbacks),
-    `int8_activations` (fp32: 4-bit grid weights multiply int8 inputs)."""
+    `int8_activations` (fp32: 4-bit grid weights multiply int8 inputs), `batch_invariant` (a request's numbers
+    depend only on its own tokens: not on what shares its steps, how its prompt is chunked, or preemption)."""
 
     name = "cpu"
     default_attention_backend = "torch"
 
     def __init__(self, native_kernels: bool = True, torch_compile: bool = True, int8_activations: bool = False,
-                 num_threads: int | None = None) -> None:
+                 batch_invariant: bool = False, num_threads: int | None = None) -> None:
         super().__init__(torch.device("cpu"))
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.options = LinearOptions(native_kernels, torch_compile, int8_activations)
+        self.options = LinearOptions(native_kernels, torch_compile, int8_activations, batch_invariant)
         self.native = NativeKernels() if native_kernels else None
 
     @classmethod
     def from_config(cls, config: WorkerConfig) -> CpuPlatform:
-        return cls(config.native_kernels, config.torch_compile, config.int8_activations, config.num_threads)
+        return cls(config.native_kernels, config.torch_compile, config.int8_activations, config.batch_invariant,
+                   config.num_threads)
 
     def serving_dtype(self, checkpoint: torch.dtype) -> torch.dtype:
         """bf16 checkpoints keep their dtype; fp32 and fp16 ones run in bf16 on CPUs with AVX512-BF16 or AMX, else
@@ -59,9 +61,11 @@ class CpuPlatform(Platform):
     def attention_backend(self, name: str, shape: AttentionShape, query_dtype: torch.dtype,
                           cache_dtype: torch.dtype, block_size: int) -> AttentionBackend:
         if self.backend_name(name) == "triton":
+            if self.options.batch_invariant:
+                raise ValueError("--batch-invariant runs on the torch attention backend with the C kernels")
             return attention.triton_backend(shape, attention.triton_interpreted())
         return attention.torch_backend(shape, query_dtype, cache_dtype, block_size, self.native,
-                                       self.options.torch_compile)
+                                       self.options.torch_compile, self.options.batch_invariant)
 
     def bind_layers(self, model: DecoderLM) -> None:
         bind_linears(model.linears(), self.native, self.options)

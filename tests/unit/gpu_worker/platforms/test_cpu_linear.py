@@ -312,3 +312,28 @@ def test_decode_rows_of_a_mixed_step_get_their_decode_only_numbers(shape, cpu_ki
             only_decodes = layer(x[:num_decodes], decodes(num_decodes))
             assert torch.equal(mixed[:num_decodes], only_decodes), num_decodes
             assert torch.equal(mixed[num_decodes:], prompts), num_decodes
+
+
+@pytest.mark.parametrize(("dtype", "kind"), [(torch.float32, "avx2"), (torch.bfloat16, "avx512_bf16"),
+                                           (torch.bfloat16, "amx")])
+def test_batch_invariant_rows_get_one_product_whatever_shares_the_call(monkeypatch, dtype: torch.dtype,
+                                                                       kind: str) -> None:
+    """Batch-invariant mode: a row's numbers are the same as a decode, a prompt row or a recomputed one, alone or
+    beside any rows (fp32: the C GEMMs; bf16: the prepacked product, on fast-bf16 CPUs of either kind)."""
+    set_cpu_kind(monkeypatch, kind)
+    require_row_count_independent_onednn(kind)
+    layer = make_linear(1536, 576, dtype=dtype, seed=7)
+    bind([layer], batch_invariant=True)
+    x = torch.randn(70, 1536, dtype=dtype)
+    with torch.inference_mode():
+        reference = torch.cat([layer(x[r: r + 1], prompt_rows(1)) for r in range(70)])
+        for rows in (decodes(70), prompt_rows(70), StepRows(70, 3), StepRows(70, 30)):
+            assert torch.equal(layer(x, rows), reference), rows
+        for n in (1, 2, 4, 8):
+            assert torch.equal(layer(x[:n], decodes(n)), reference[:n]), n
+
+
+def test_batch_invariant_16_bit_needs_prepacked_weights(monkeypatch) -> None:
+    set_cpu_kind(monkeypatch, "avx2")
+    with pytest.raises(ValueError, match="--batch-invariant needs"):
+        bind([make_linear(32, 8, dtype=torch.bfloat16)], batch_invariant=True)

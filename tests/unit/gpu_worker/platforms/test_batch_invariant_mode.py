@@ -1,0 +1,54 @@
+"""`--batch-invariant` is taken only where it holds: the CPU platform with the C kernels on fp32 or bf16 models;
+elsewhere the worker refuses to start, saying why. In the mode, no step runs a kernel that only decodes take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from services.gpu_worker.attention.backend import AttentionShape
+from services.gpu_worker.kv_cache import KVCache
+from services.gpu_worker.loader import load_model
+from services.gpu_worker.model_config import load_model_config
+from services.gpu_worker.platforms import platform_for
+from services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from services.gpu_worker.worker_config import WorkerConfig
+from tests.unit.gpu_worker.platforms.test_one_call_decode import _save
+
+SHAPE = AttentionShape(6, 2, 64, 0.125)
+
+
+def test_cuda_refuses_it() -> None:
+    with pytest.raises(ValueError, match="implemented on CPU only"):
+        platform_for(WorkerConfig(model_dir="unused", device="cuda", batch_invariant=True))
+
+
+@pytest.mark.parametrize(("options", "query_dtype", "message"), [
+    ({"native_kernels": False}, torch.bfloat16, "needs the C prefill attention kernel"),
+    ({}, torch.float16, "needs the C prefill attention kernel"),
+])
+def test_the_cpu_refuses_it_without_the_c_prefill_kernel(options: dict, query_dtype: torch.dtype,
+                                                         message: str) -> None:
+    platform = CpuPlatform(batch_invariant=True, **options)
+    with pytest.raises(ValueError, match=message):
+        platform.attention_backend("torch", SHAPE, query_dtype, query_dtype, 16)
+
+
+def test_the_triton_backend_refuses_it() -> None:
+    with pytest.raises(ValueError, match="torch attention backend"):
+        CpuPlatform(batch_invariant=True).attention_backend("triton", SHAPE, torch.float32, torch.float32, 16)
+
+
+def test_decode_steps_do_not_take_the_one_call_path(tmp_path, caplog) -> None:
+    """The one-call decode path runs the decode attention kernel: not in batch-invariant mode."""
+    _save("llama", tmp_path, grid=False)
+    config = load_model_config(tmp_path, "float32")
+    shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim, config.head_dim ** -0.5)
+    platform = CpuPlatform(torch_compile=False, batch_invariant=True)
+    backend = platform.attention_backend("torch", shape, torch.float32, torch.float32, 16)
+    model = load_model(tmp_path, config, backend, 256, platform)
+    with caplog.at_level("INFO"):
+        forward = platform.model_forward(model, backend, KVCache.allocate(config, 8, 16, platform.device))
+    assert not isinstance(forward, OneCallDecode) and backend.decodes_as_chunks
+    assert "decode attention does not run in the C decode kernel" in caplog.text
