@@ -21,8 +21,10 @@ import grpc
 import httpx
 import pytest
 
+from services.internal_auth import token_metadata
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from tests.integration.conftest import INTERNAL_TOKEN
 from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
 
 STARTUP_TIMEOUT_S = 240
@@ -73,7 +75,8 @@ class Serve:
         self.port = free_port()
         self.log_path = tmp_path / f"{name}.log"
         argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(self.port),
-                "--kv-cache-memory-bytes", "128MiB", "--no-torch-compile", "--served-model-name", name, *flags]
+                "--kv-cache-memory-bytes", "128MiB", "--max-model-len", "2048", "--no-torch-compile",
+                "--internal-token", INTERNAL_TOKEN, "--served-model-name", name, *flags]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
@@ -147,7 +150,8 @@ def _most_running(serve: Serve, num_requests: int) -> int:
         with grpc.insecure_channel(f"127.0.0.1:{serve.scheduler_port()}") as channel:
             stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
             while not all(reply.done() for reply in replies):
-                stats = stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=10))
+                stats = stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=10,
+                                                    metadata=token_metadata(INTERNAL_TOKEN)))
                 most, waited = max(most, stats.num_running), waited or stats.num_waiting > 0
                 time.sleep(0.02)
         assert all(reply.result().status_code == 200 for reply in replies)
