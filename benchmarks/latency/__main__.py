@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
-import sys
 from pathlib import Path
 
 from transformers import AutoTokenizer
@@ -18,7 +16,7 @@ from transformers import AutoTokenizer
 from benchmarks.latency import process_cpu
 from benchmarks.latency.breakdown import measure, summarize, to_json
 from benchmarks.latency.path_costs import path_costs
-from benchmarks.peers.process import ServerProcess, ServerSpec, free_port
+from benchmarks.peers.process import ServerProcess, local_pagedserve_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,17 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def serve_spec(args: argparse.Namespace) -> ServerSpec:
-    port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", args.model_dir, "--port", str(port),
-            "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), "--metrics-port",
-            str(metrics_port), *shlex.split(args.serve_args)]
-    return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
-
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    with ServerProcess(serve_spec(args), Path(args.log)) as server:
+    with ServerProcess(local_pagedserve_spec(args.model_dir, args.serve_args), Path(args.log)) as server:
         pids = process_cpu.service_pids(server.process.pid)
         model = server.model_name()
         urls = (server.spec.base_url, server.spec.metrics_url)

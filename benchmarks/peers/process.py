@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +40,14 @@ class ServerSpec:
         """None: the bench's default (BASE_URL/metrics)."""
         return None if self.metrics_port is None else f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+
+def local_pagedserve_spec(model_dir: str, serve_args: str = "") -> ServerSpec:
+    """`pagedserve serve MODEL_DIR` on free ports (metrics included), with extra shell-quoted `serve` flags."""
+    port, metrics_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "services.cli", "serve", model_dir, "--port", str(port),
+            "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), "--metrics-port",
+            str(metrics_port), *shlex.split(serve_args)]
+    return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
 
 class ServerProcess:
     """`with ServerProcess(spec, log_path) as server:` starts, waits until healthy, and always stops."""

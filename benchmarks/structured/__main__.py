@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.cli import main as bench_main
-from benchmarks.peers.process import ServerProcess, ServerSpec, free_port
+from benchmarks.peers.process import ServerProcess, local_pagedserve_spec
 
 # Every step of a constrained request is under the grammar: at least 64 strings, far more than max_tokens holds.
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "minItems": 64,
@@ -43,13 +41,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def serve_spec(args: argparse.Namespace) -> ServerSpec:
-    port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", args.model_dir, "--port", str(port),
-            "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), "--metrics-port",
-            str(metrics_port), *shlex.split(args.serve_args)]
-    return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
-
 
 def bench_round(args: argparse.Namespace, base_url: str, model: str, constrained: bool, seed: int,
                 result_dir: Path) -> dict:
@@ -71,7 +62,8 @@ def bench_round(args: argparse.Namespace, base_url: str, model: str, constrained
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     rounds: dict[str, list[dict]] = {"free": [], "constrained": []}
-    with ServerProcess(serve_spec(args), Path(args.log)) as server, tempfile.TemporaryDirectory() as tmp:
+    spec = local_pagedserve_spec(args.model_dir, args.serve_args)
+    with ServerProcess(spec, Path(args.log)) as server, tempfile.TemporaryDirectory() as tmp:
         model = server.model_name()
         for i in range(args.rounds):
             for mode in ("free", "constrained"):  # same seed for both: the same prompts
