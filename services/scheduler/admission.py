@@ -3,6 +3,10 @@ Retry-After instead of a queue that grows without bound. Only arrivals are refus
 never dropped for load (preemption recomputes it instead).
 
 The prediction is in steps, turned into seconds by the recent step time:
+- steps in flight: a step the worker is running has half its time left on average, and a step queued behind it
+  (async scheduling) all of it; a new request's first step can only follow them. Under load this is most of the
+  wait, and it grows with the batch (on CPU a step's time grows with its rows), so the bound also keeps the running
+  batch small enough for its steps to be short;
 - prompt work ahead: the tokens the waiting requests (and running ones still in their prompt) have left, spread
   over what a step has for prompts (the token budget less one token per running decode);
 - a free slot: with `max_num_seqs` requests running, a new one waits for as many finishes as there are requests
@@ -53,11 +57,12 @@ class QueueWaitEstimator:
         if num_finished or self.finishes_per_step is not None:
             self.finishes_per_step = _average(self.finishes_per_step, float(num_finished))
 
-    def predict_s(self, scheduler: Scheduler) -> float:
-        """Seconds a request added now would wait for its first step."""
+    def predict_s(self, scheduler: Scheduler, num_in_flight: int = 0) -> float:
+        """Seconds a request added now would wait for its first step, with `num_in_flight` steps sent to the worker."""
         if self.step_time_s is None:
             return 0.0
-        return max(self._prompt_steps(scheduler), self._slot_steps(scheduler)) * self.step_time_s
+        in_flight = max(0.0, num_in_flight - 0.5)
+        return (in_flight + max(self._prompt_steps(scheduler), self._slot_steps(scheduler))) * self.step_time_s
 
     def _prompt_steps(self, scheduler: Scheduler) -> float:
         waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
@@ -86,9 +91,9 @@ class AdmissionControl:
         self.estimator = QueueWaitEstimator()
         self.num_refused = 0
 
-    def check(self, scheduler: Scheduler, request: GenerateRequest) -> None:
+    def check(self, scheduler: Scheduler, request: GenerateRequest, num_in_flight: int = 0) -> None:
         """Raises Overloaded when the queue is full or the request would wait longer than the bound."""
-        config, predicted_s = self.config, self.estimator.predict_s(scheduler)
+        config, predicted_s = self.config, self.estimator.predict_s(scheduler, num_in_flight)
         waiting_tokens = sum(r.num_tokens for r in scheduler.waiting)
         if len(scheduler.waiting) >= config.max_waiting_requests:
             self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",

@@ -137,7 +137,7 @@ class EngineLoop:
         ServiceNotReady while not ready (worker lost, draining)."""
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
-        self.admission.check(self.scheduler, request)
+        self.admission.check(self.scheduler, request, len(self._in_flight))
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[request.req_id] = queue

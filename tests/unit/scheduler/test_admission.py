@@ -38,6 +38,22 @@ def test_an_idle_server_takes_everything_and_predicts_no_wait():
     assert control.estimator.predict_s(sched) == 0.0 and control.num_refused == 0
 
 
+def test_steps_in_flight_are_waited_for_even_with_no_queue():
+    """Half the running step, all of the one queued behind it (async scheduling), and then the request's own."""
+    sched = scheduler()
+    fill(sched, num_running=4, num_waiting=0)
+    estimator = QueueWaitEstimator()
+    estimator.record_step(0.1, 0)
+    assert estimator.predict_s(sched, num_in_flight=0) == 0.0  # the worker idles: the next step is this request's
+    assert estimator.predict_s(sched, num_in_flight=1) == pytest.approx(0.05)
+    assert estimator.predict_s(sched, num_in_flight=2) == pytest.approx(0.15)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.1))
+    control.estimator = estimator
+    control.check(sched, gen("serial", [1, 2]), num_in_flight=1)
+    with pytest.raises(Overloaded, match=r"predicted queue time is 0.15s \(at most 0.1s\)"):
+        control.check(sched, gen("behind two", [1, 2]), num_in_flight=2)
+
+
 def test_the_waiting_queue_is_bounded_by_requests_and_by_prompt_tokens():
     sched = scheduler(max_num_seqs=1)
     fill(sched, num_running=1, num_waiting=2)
