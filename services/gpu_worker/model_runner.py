@@ -37,7 +37,7 @@ class ModelRunner:
         self.device = self.platform.device
         mc = load_model_config(config.model_dir, config.dtype)
         if config.dtype in ("auto", ""):
-            mc = replace(mc, dtype=self.platform.serving_dtype(mc.dtype))
+            mc = replace(mc, dtype=self.platform.serving_dtype(mc.dtype, str(config.model_dir)))
         self.model_config = mc
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         kv_dtype = self.platform.kv_cache_dtype(config.kv_cache_dtype, mc.dtype)

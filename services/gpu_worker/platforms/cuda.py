@@ -23,7 +23,7 @@ class CudaPlatform(Platform):
             raise ValueError("--batch-invariant is implemented on CPU only")
         self.torch_compile = torch_compile
 
-    def serving_dtype(self, checkpoint: torch.dtype) -> torch.dtype:
+    def serving_dtype(self, checkpoint: torch.dtype, model_dir: str | None = None) -> torch.dtype:
         """Half checkpoints keep their dtype; fp32 ones run in bf16 where the device supports it."""
         if checkpoint in (torch.bfloat16, torch.float16):
             return checkpoint

@@ -38,8 +38,8 @@ class Platform(ABC):
         self.device = device
 
     @abstractmethod
-    def serving_dtype(self, checkpoint: torch.dtype) -> torch.dtype:
-        """The dtype `--dtype auto` serves a checkpoint of dtype `checkpoint` in."""
+    def serving_dtype(self, checkpoint: torch.dtype, model_dir: str | None = None) -> torch.dtype:
+        """The dtype `--dtype auto` serves a checkpoint of dtype `checkpoint` (in `model_dir`, when given) in."""
 
     def kv_cache_dtype(self, name: str, model: torch.dtype) -> torch.dtype:
         """The KV cache's dtype for `--kv-cache-dtype name` under a `model` model: `auto` is the model's."""

@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM
 from pagedserve.llm import LLM
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.platforms.cpu.linear import CGemmLinear
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.request_io import FinishReason
@@ -81,10 +80,11 @@ def test_ignore_eos_bans_eos_instead_of_stopping_at_it(llm, prompts):
 
 
 def test_serving_default_dtype_answers_paris(smollm2_dir, prompts):
-    """`--dtype auto` (bfloat16 on CPUs with fast bf16, else fp32) with the C decode attention kernel."""
+    """`--dtype auto` (fp32 through the int8 kernel: SmolLM2's weights are 4-bit grids) with the C decode attention
+    kernel."""
     llm = LLM(WorkerConfig(model_dir=str(smollm2_dir), kv_cache_memory_bytes=64 * 1024**2))
     runner = llm.engine.worker.runner
-    assert runner.model_config.dtype == CpuPlatform().serving_dtype(torch.float32)
+    assert runner.model_config.dtype == torch.float32
     assert runner.backend.decode_native
     [completion] = llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=32))
     assert "Paris" in completion.text, completion.text

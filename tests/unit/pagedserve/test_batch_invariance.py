@@ -25,8 +25,8 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)
 def make_llm(model_dir, num_blocks: int, **scheduler) -> LLM:
     """The serving defaults (dtype auto, KV cache dtype auto, C kernels) in batch-invariant mode."""
     config = load_model_config(model_dir)
-    platform = CpuPlatform()
-    kv_dtype = platform.kv_cache_dtype("auto", platform.serving_dtype(config.dtype))
+    platform = CpuPlatform.from_config(WorkerConfig(model_dir=str(model_dir)))
+    kv_dtype = platform.kv_cache_dtype("auto", platform.serving_dtype(config.dtype, str(model_dir)))
     budget = num_blocks * 16 * kv_bytes_per_token(config, kv_dtype)
     worker = WorkerConfig(model_dir=str(model_dir), kv_cache_memory_bytes=budget, batch_invariant=True)
     return LLM(worker, SchedulerConfig(**scheduler))

@@ -61,3 +61,36 @@ def test_kv_cache_dtype() -> None:
         cuda.kv_cache_dtype("float16", torch.bfloat16)
     with pytest.raises(ValueError, match="unsupported dtype"):
         cpu.kv_cache_dtype("fp8", torch.float32)
+
+
+def _checkpoint(folder, weight: torch.Tensor):
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    save_file({"model.layers.0.self_attn.q_proj.weight": weight, "model.norm.weight": torch.ones(64)},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def _grid_weight(out: int = 64, inputs: int = 64) -> torch.Tensor:
+    """Exact 4-bit codes (0 and 15 in every group of 32) times a power-of-two scale plus a per-group offset."""
+    codes = torch.randint(0, 16, (out, inputs), generator=torch.Generator().manual_seed(0)).float()
+    codes[:, ::32], codes[:, 1::32] = 0.0, 15.0
+    offsets = torch.arange(out * inputs // 32, dtype=torch.float32).reshape(out, -1, 1) / 16 - 2
+    return (codes.reshape(out, -1, 32) / 16 + offsets).reshape(out, inputs)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fp32_checkpoints_of_4bit_grids_stay_fp32_for_the_int8_kernel(monkeypatch, tmp_path, fast: bool) -> None:
+    """The int8 kernel reads half a byte a weight: a GGUF-derived fp32 checkpoint is served in fp32 even where bf16
+    is fast; an fp32 checkpoint of ordinary weights still goes to bf16 there."""
+    monkeypatch.setattr(cpu_platform, "cpu_has_fast_bf16", lambda: fast)
+    half = torch.bfloat16 if fast else torch.float32
+    grid, plain = _checkpoint(tmp_path / "grid", _grid_weight()), _checkpoint(tmp_path / "plain", torch.randn(64, 64))
+    cpu = CpuPlatform(int8_activations=True)
+    assert cpu.native is not None and cpu.native.int8_linear is not None  # the C kernel builds on every CI CPU
+    assert cpu.serving_dtype(torch.float32, str(grid)) == torch.float32
+    assert cpu.serving_dtype(torch.float32, str(plain)) == half
+    assert cpu.serving_dtype(torch.bfloat16, str(grid)) == torch.bfloat16
+    assert CpuPlatform(int8_activations=False).serving_dtype(torch.float32, str(grid)) == half
+    assert CpuPlatform(native_kernels=False, int8_activations=True).serving_dtype(torch.float32, str(grid)) == half
