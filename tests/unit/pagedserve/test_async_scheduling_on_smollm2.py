@@ -3,43 +3,24 @@ preemption in a tiny pool, through the real scheduler and worker (in process, on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from benchmarks.engine.workloads import TOPICS
 from pagedserve.llm import chat_token_ids
-from pagedserve.llm_engine import LLMEngine
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import load_model_config
 from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
+from tests.unit.pagedserve.engine_runs import Run, exact_worker, run
 
 NUM_REQUESTS = 24
 ABORTS = {3: 6, 10: 9, 17: 14}  # request index -> engine step at which it is aborted
 TINY_POOL = 12  # blocks of 16 tokens, a fraction of what the 24 requests would hold at once: requests preempt
 
 
-@dataclass
-class Run:
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    reasons: dict[str, FinishReason] = field(default_factory=dict)
-    num_preemptions: int = 0
-
-
 @pytest.fixture(scope="module")
 def worker(smollm2_dir) -> Worker:
-    """fp32 products and cache: a request's numbers do not depend on its batch, so the two loops must agree."""
-    model_config = load_model_config(smollm2_dir)
-    return Worker(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_dtype="float32",
-                               int8_activations=False, kv_cache_memory_bytes=256 * 16 * kv_bytes_per_token(
-                                   model_config, torch.float32)))
+    return exact_worker(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
@@ -57,35 +38,6 @@ def requests(smollm2_dir) -> list[GenerateRequest]:
                                   stop_token_ids=stops if i % 3 == 0 else (), ignore_eos=i % 4 == 1)
         out.append(GenerateRequest(f"r{i}", prompt, sampling))
     return out
-
-
-def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool, num_blocks: int | None = None,
-        aborts: dict[int, int] | None = None) -> Run:
-    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256), async_scheduling)
-    if num_blocks is not None:  # the scheduler hands out only the first num_blocks of the worker's pool
-        engine.scheduler = Scheduler(engine.scheduler.config, replace(engine.description, num_kv_blocks=num_blocks))
-    result = Run()
-    for request in requests:
-        engine.add_request(request)
-        result.tokens[request.req_id] = []
-    num_steps = 0
-    while engine.has_unfinished_requests():
-        for index, step in (aborts or {}).items():
-            if step == num_steps and engine.abort_request(requests[index].req_id):
-                result.reasons[requests[index].req_id] = FinishReason.ABORT
-        for out in engine.step():
-            assert out.req_id not in result.reasons, f"{out.req_id} streamed after it finished"
-            result.tokens[out.req_id].extend(out.new_token_ids)
-            if out.finished:
-                result.reasons[out.req_id] = out.finish_reason
-        num_steps += 1
-    while engine.scheduler.finished_req_ids:  # tell the worker about the last finishes
-        engine.step()
-    assert engine.worker.requests == {}  # no mirror left behind
-    engine.scheduler.kv.check_integrity()
-    assert engine.scheduler.kv.usage == 0.0
-    result.num_preemptions = engine.scheduler.snapshot_stats().num_preemptions
-    return result
 
 
 @pytest.fixture(scope="module")

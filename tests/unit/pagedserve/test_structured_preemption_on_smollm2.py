@@ -4,23 +4,16 @@ rebuilds a preempted request's matcher by replaying its outputs (the real schedu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from pagedserve.llm import chat_token_ids
-from pagedserve.llm_engine import LLMEngine
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import load_model_config
 from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.structured_output import StructuredOutput, StructuredOutputKind
+from tests.unit.pagedserve.engine_runs import Run, exact_worker, run
 
 NUM_REQUESTS = 16
 TINY_POOL = 10  # blocks of 16 tokens: a fraction of what the 16 requests hold at once, so requests preempt
@@ -36,20 +29,9 @@ GRAMMARS = [StructuredOutput(StructuredOutputKind.JSON_SCHEMA, json.dumps(CITY))
 CITIES = ["Paris", "Lima", "Oslo", "Cairo", "Hanoi", "Quito", "Rome", "Seoul"]
 
 
-@dataclass
-class Run:
-    tokens: dict[str, list[int]] = field(default_factory=dict)
-    reasons: dict[str, FinishReason] = field(default_factory=dict)
-    num_preemptions: int = 0
-
-
 @pytest.fixture(scope="module")
 def worker(smollm2_dir) -> Worker:
-    """fp32 products and cache: a request's numbers do not depend on its batch, so both runs must agree."""
-    model_config = load_model_config(smollm2_dir)
-    return Worker(WorkerConfig(model_dir=str(smollm2_dir), dtype="float32", kv_cache_dtype="float32",
-                               int8_activations=False, kv_cache_memory_bytes=256 * 16 * kv_bytes_per_token(
-                                   model_config, torch.float32)))
+    return exact_worker(smollm2_dir)
 
 
 @pytest.fixture(scope="module")
@@ -65,28 +47,6 @@ def requests(smollm2_dir) -> list[GenerateRequest]:
                                   max_tokens=70, structured_output=GRAMMARS[i % len(GRAMMARS)])
         out.append(GenerateRequest(f"r{i}", prompt, sampling))
     return out
-
-
-def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool,
-        num_blocks: int | None = None) -> Run:
-    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256), async_scheduling)
-    if num_blocks is not None:  # the scheduler hands out only the first num_blocks of the worker's pool
-        engine.scheduler = Scheduler(engine.scheduler.config, replace(engine.description, num_kv_blocks=num_blocks))
-    result = Run()
-    for request in requests:
-        engine.add_request(request)
-        result.tokens[request.req_id] = []
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            result.tokens[out.req_id].extend(out.new_token_ids)
-            if out.finished:
-                result.reasons[out.req_id] = out.finish_reason
-    while engine.scheduler.finished_req_ids:  # tell the worker about the last finishes
-        engine.step()
-    assert engine.worker.requests == {}  # no mirror (and no matcher) left behind
-    assert engine.scheduler.kv.usage == 0.0
-    result.num_preemptions = engine.scheduler.snapshot_stats().num_preemptions
-    return result
 
 
 @pytest.fixture(scope="module")
