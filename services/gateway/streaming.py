@@ -254,13 +254,22 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict],
     yield SSE_DONE
 
 
+class _ClientGone(Exception):
+    """The client's connection is gone: the stream ends at its next write."""
+
+
 class StallGuardedStream(StreamingResponse):
-    """An SSE response that gives up on a client that stops reading: when one write waits longer than
-    `stall_timeout_s` for the client to take data (the socket and the server's write buffer are full), the stream
-    ends there, the connection is closed and the background task aborts the request, freeing its KV blocks. Only a
-    write that waits counts: a client that keeps up with generation never makes one wait. One slower than that
-    fills the buffers, and then must take about a third of the kernel's send buffer (Linux wakes a waiting writer
-    only then; the buffer grows up to 4 MiB) within the timeout."""
+    """An SSE response that gives up on a client that stops reading or goes away.
+
+    Stalled: when one write waits longer than `stall_timeout_s` for the client to take data (the socket and the
+    server's write buffer are full), the stream ends there, the connection is closed and the background task aborts
+    the request, freeing its KV blocks. Only a write that waits counts: a client that keeps up with generation never
+    makes one wait. One slower than that fills the buffers, and then must take about a third of the kernel's send
+    buffer (Linux wakes a waiting writer only then; the buffer grows up to 4 MiB) within the timeout.
+
+    Gone: once the HTTP server reports the disconnect, the next write ends the stream. The server drops writes to a
+    lost connection without waiting, so a stream whose task missed the cancellation would otherwise run on, with
+    nothing to stall it, until its request finished."""
 
     def __init__(self, events: AsyncIterator[str], stream: StartedStream, req_id: str, stall_timeout_s: float,
                  headers: dict[str, str] | None = None) -> None:
@@ -268,17 +277,26 @@ class StallGuardedStream(StreamingResponse):
                          background=BackgroundTask(stream.close))
         self.req_id = req_id
         self.stall_timeout_s = stall_timeout_s
+        self.client_gone = False
+
+    async def listen_for_disconnect(self, receive) -> None:
+        await super().listen_for_disconnect(receive)
+        self.client_gone = True
 
     async def stream_response(self, send) -> None:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(None) as stall:
                 async def send_or_stall(message) -> None:
+                    if self.client_gone:
+                        raise _ClientGone
                     stall.reschedule(loop.time() + self.stall_timeout_s)
                     await send(message)
                     stall.reschedule(None)
 
                 await super().stream_response(send_or_stall)
+        except _ClientGone:
+            log.info("req_id=%s: the client went away: stream aborted", self.req_id)
         except TimeoutError:  # the response stays incomplete: the server closes the connection when we return
             log.warning("req_id=%s: the client read nothing for %g s: stream aborted", self.req_id,
                         self.stall_timeout_s)

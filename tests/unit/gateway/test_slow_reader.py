@@ -26,15 +26,17 @@ TOKENS_PER_OUTPUT = 500  # big SSE events: the socket buffers fill within a few 
 
 
 class EndlessScheduler(FakeSchedulerClient):
-    """Generates until cancelled, TOKENS_PER_OUTPUT tokens an output; `paced` outputs wait `pace_s` each."""
+    """Generates until cancelled (or its test ends), TOKENS_PER_OUTPUT tokens an output; `paced` outputs wait `pace_s`
+    each."""
 
     pace_s = 0.0
+    stopped = False  # set when the test ends: a fake never outlives its test, whatever the gateway did
 
     async def generate(self, request):
         self.requests.append(request)
         num_outputs = 0
         try:
-            while True:
+            while not self.stopped:
                 num_outputs += 1
                 ids = (self.reply_ids[:-1] * TOKENS_PER_OUTPUT)[:TOKENS_PER_OUTPUT]
                 yield RequestOutput(request.req_id, ids, [None] * len(ids), None, 3, 0, num_outputs * len(ids))
@@ -59,6 +61,8 @@ def http_gateway(tokenizer, stall_timeout_s: float) -> Iterator[tuple[int, Endle
     finally:
         server.should_exit = True
         thread.join(30)
+        fake.stopped = True
+    assert not thread.is_alive(), "the gateway did not stop within 30 s: a request of it is still open"
 
 
 def open_stream(port: int, receive_buffer_bytes: int | None = None) -> socket.socket:
@@ -101,7 +105,9 @@ def test_a_client_that_goes_away_is_aborted_at_once(tokenizer):
 def test_a_reader_slower_than_the_server_is_not_cut_while_it_reads(tokenizer):
     """Reading 64 KiB every 0.1 s, slower than the server writes, for longer than the stall timeout: the buffers
     stay full, yet every write proceeds within the timeout (the kernel frees a third of the largest send buffer,
-    4 MiB, in about 2 s; the margin is for a loaded machine), so the stream runs on."""
+    4 MiB, in about 2 s; the margin is for a loaded machine), so the stream runs on. When that reader then goes
+    away with the buffers full, its stream is aborted at once (on a loaded machine its task could miss the
+    cancellation and stream on into the lost connection)."""
     with http_gateway(tokenizer, stall_timeout_s=8.0) as (port, fake, serving):
         client = open_stream(port)
         try:
@@ -112,3 +118,5 @@ def test_a_reader_slower_than_the_server_is_not_cut_while_it_reads(tokenizer):
             assert fake.cancelled == [] and serving.admission.num_open == 1
         finally:
             client.close()
+        wait_for(lambda: fake.cancelled, 10, interval_s=0.05, what="the vanished slow reader's stream aborted")
+        wait_for(lambda: serving.admission.num_open == 0, 10, what="the request closed")
