@@ -11,6 +11,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
+pytest_plugins = ["tests.run_guard"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL_DIR = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 
