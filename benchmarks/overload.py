@@ -117,11 +117,11 @@ async def measure_capacity(session: aiohttp.ClientSession, base_url: str, concur
 
 
 async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: int, max_tokens: int) -> float:
-    ttfts = []
-    for index in range(num):
-        outcome = await one_request(session, base_url, body(index, max_tokens), 60)
-        if outcome.ttft_s is not None:
-            ttfts.append(outcome.ttft_s)
+    """p50 TTFT of `num` requests one at a time; raises with their outcomes when none streamed a token."""
+    outcomes = [await one_request(session, base_url, body(index, max_tokens), 60) for index in range(num)]
+    ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
+    if not ttfts:
+        raise RuntimeError(f"no unloaded request streamed a token: {outcomes}")
     return statistics.median(ttfts)
 
 

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import grpc
 import httpx
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.integrity import IntegrityReport
 from services.scheduler.scheduler_stats import SchedulerStats
+from services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
 from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
 
 INTERNAL_TOKEN = "fault-suite-internal-token"
@@ -120,7 +122,9 @@ class FaultStack:
         """A fresh scheduler on the same port (after the old one is gone), with extra flags if given."""
         assert not self.scheduler.running
         self.scheduler.argv = self.scheduler.argv[:7 + len(SCHEDULER_FLAGS)] + list(flags)
+        self.wait_health(503, 15)  # the gateway saw the old one go: its 200 below is about the new one
         self.scheduler.start()
+        wait_for(self.scheduler_ready, timeout_s, interval_s=0.1, what="the new scheduler SERVING")
         self.wait_health(200, timeout_s)
 
     def health(self) -> int:
@@ -143,6 +147,15 @@ class FaultStack:
 
     def metadata(self) -> tuple:
         return (("x-pagedserve-token", INTERNAL_TOKEN),)
+
+    def scheduler_ready(self) -> bool:
+        """The scheduler's own gRPC readiness (answered without the internal token, like any probe)."""
+        try:
+            reply = health_pb2_grpc.HealthStub(self.channel).Check(
+                health_pb2.HealthCheckRequest(service=SCHEDULER_SERVICE), timeout=2)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def integrity(self) -> IntegrityReport:
         return integrity_from_pb(self.stub.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), timeout=5,
