@@ -64,12 +64,17 @@ class ReplicaStateCollector:
                                       "this gateway's open requests on the replica", labels=labels)
         load = GaugeMetricFamily("pagedserve_gateway_replica_load",
                                  "requests running or waiting on the replica, as routing counts them", labels=labels)
+        indexed = GaugeMetricFamily("pagedserve_gateway_prefix_index_blocks",
+                                    "cached KV blocks of the replica in this gateway's prefix index (0 while the index "
+                                    "is not current)", labels=labels)
         for replica in router.replicas.replicas.values():
             values = [replica.name, replica.address]
             up.add_metric(values, int(replica.routable))
             in_flight.add_metric(values, replica.num_in_flight)
             load.add_metric(values, router.load_of(replica))
-        yield from (up, in_flight, load)
+            view = router.mirror.view(replica.name) if router.mirror is not None else None
+            indexed.add_metric(values, len(view.keys) if view is not None else 0)
+        yield from (up, in_flight, load, indexed)
         index_up = int(router.mirror is not None and router.mirror.connected)
         yield GaugeMetricFamily("pagedserve_gateway_prefix_index_up", "1 while the replicas' prefix indexes are read "
                                 "from Redis; 0: prefix routing falls back to consistent hashing", value=index_up)

@@ -29,6 +29,7 @@ WORDS = ("policy", "travel", "expense", "manager", "approve", "receipt", "hotel"
          "team", "client", "meeting", "office", "remote", "holiday", "contract", "invoice", "deadline", "review",
          "safety", "training", "laptop", "access", "account", "payment", "limit", "request", "form", "notice")
 REQUEST_TIMEOUT_S = 300
+BLOCK_SIZE = 16  # the schedulers' KV block size
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +74,32 @@ async def ask(http: httpx.AsyncClient, system: str, group: int, user: int) -> Re
                  usage["prompt_tokens_details"]["cached_tokens"])
 
 
-async def shared_prefix_workload(base_url: str, seeds: list[int]) -> list[Reply]:
-    """Each prefix's first request (all four at once), then the other 28 in a shuffled order, 6 at a time."""
+async def indexed_blocks(http: httpx.AsyncClient) -> int:
+    """Cached blocks of all replicas in the gateway's prefix index."""
+    text = (await http.get("/metrics")).text
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("pagedserve_gateway_prefix_index_blocks{"))
+
+
+async def wait_indexed(http: httpx.AsyncClient, num_blocks: int, timeout_s: float = 30) -> float:
+    """Seconds until the gateway's prefix index holds at least `num_blocks` blocks."""
+    start_s = time.monotonic()
+    while await indexed_blocks(http) < num_blocks:
+        assert time.monotonic() - start_s < timeout_s, f"the prefix index did not reach {num_blocks} blocks"
+        await asyncio.sleep(0.05)
+    return time.monotonic() - start_s
+
+
+async def shared_prefix_workload(base_url: str, seeds: list[int], indexed: bool = False) -> list[Reply]:
+    """Each prefix's first request (all four at once), then (for a gateway with a prefix index, once it holds their
+    blocks: publication lag is not what this measures) the other 28 in a shuffled order, 6 at a time."""
     prompts = [system_prompt(seed) for seed in seeds]
     async with httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as http:
+        before = await indexed_blocks(http)
         firsts = await asyncio.gather(*(ask(http, prompts[g], g, 0) for g in range(NUM_GROUPS)))
+        if indexed:
+            lag_s = await wait_indexed(http, before + sum(r.num_prompt_tokens // BLOCK_SIZE for r in firsts))
+            print(f"\nthe first requests' blocks were in the prefix index {lag_s:.2f}s after their answers")
         rest = [(g, u) for g in range(NUM_GROUPS) for u in range(1, NUM_USERS)]
         random.Random(seeds[0]).shuffle(rest)
         limit = asyncio.Semaphore(6)
@@ -95,7 +117,7 @@ def cached_share(replies: list[Reply]) -> float:
 
 
 def test_prefix_routing_caches_far_more_than_round_robin(replicas):
-    prefix = asyncio.run(shared_prefix_workload(replicas.base_url("prefix"), [101, 102, 103, 104]))
+    prefix = asyncio.run(shared_prefix_workload(replicas.base_url("prefix"), [101, 102, 103, 104], indexed=True))
     round_robin = asyncio.run(shared_prefix_workload(replicas.base_url("round-robin"), [201, 202, 203, 204]))
     assert all(900 <= r.num_prompt_tokens <= 1400 for r in prefix + round_robin), "prompts of ~1,000 tokens"
     prefix_share, round_robin_share = cached_share(prefix), cached_share(round_robin)
