@@ -16,8 +16,9 @@ REPORT_STEP_BYTES = 2 * 1024**3  # a line each time the runner's memory passes a
 _state = {"config": None, "reported_bytes": REPORT_STEP_BYTES}
 
 
-def runner_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
+def rss_bytes(pid: int | str = "self") -> int:
+    """Resident memory of a process (Linux /proc), this one by default."""
+    with open(f"/proc/{pid}/status") as status:
         return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
@@ -39,7 +40,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
-    rss = runner_rss_bytes()
+    rss = rss_bytes()
     if rss >= _state["reported_bytes"]:
         _state["reported_bytes"] = (rss // REPORT_STEP_BYTES + 1) * REPORT_STEP_BYTES
         _say(f"\nthe test runner holds {rss / 1024**3:.1f} GiB after {nodeid}")

@@ -77,8 +77,7 @@ async def ask(http: httpx.AsyncClient, system: str, group: int, user: int) -> Re
 async def indexed_blocks(http: httpx.AsyncClient) -> int:
     """Cached blocks of all replicas in the gateway's prefix index."""
     text = (await http.get("/metrics")).text
-    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-               if line.startswith("pagedserve_gateway_prefix_index_blocks{"))
+    return int(sum(metric(text, "pagedserve_gateway_prefix_index_blocks", replica) for replica in REPLICA_IDS))
 
 
 async def wait_indexed(http: httpx.AsyncClient, num_blocks: int, timeout_s: float = 30) -> float:
@@ -95,7 +94,7 @@ async def shared_prefix_workload(base_url: str, seeds: list[int], indexed: bool 
     blocks: publication lag is not what this measures) the other 28 in a shuffled order, 6 at a time."""
     prompts = [system_prompt(seed) for seed in seeds]
     async with httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT_S) as http:
-        before = await indexed_blocks(http)
+        before = await indexed_blocks(http) if indexed else 0
         firsts = await asyncio.gather(*(ask(http, prompts[g], g, 0) for g in range(NUM_GROUPS)))
         if indexed:
             lag_s = await wait_indexed(http, before + sum(r.num_prompt_tokens // BLOCK_SIZE for r in firsts))

@@ -12,14 +12,10 @@ import httpx
 import pytest
 
 from tests.faults.gateway.stack import AUTH
+from tests.run_guard import rss_bytes
 
 LIMIT_BYTES = 4 * 1024**2  # the default --max-body-bytes
 MAX_RSS_GROWTH_BYTES = 64 * 1024**2
-
-
-def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
 
 
 def chat_body(num_bytes: int) -> bytes:
