@@ -15,6 +15,9 @@ from tests.integration.processes import wait_for
 
 SHORT = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 16, "ignore_eos": True,
          "temperature": 0.0}
+# long enough that 8 started together all run at once (16 tokens took ~0.3 s each: the first could end before the
+# last began); far shorter than the drain timeout
+DRAINED = {**SHORT, "max_tokens": 128}
 LONG = {**SHORT, "max_tokens": 1500}  # far longer than the drain timeout below allows
 
 
@@ -24,7 +27,7 @@ def _wait_running(stack, count: int) -> None:
 
 def test_sigterm_lets_eight_streams_finish_then_exits_0(quiescent):
     gateway = quiescent.start_gateway("--drain-timeout-s", "300", name="drain")
-    streams = Streams(gateway.base_url, SHORT, 8)
+    streams = Streams(gateway.base_url, DRAINED, 8)
     _wait_running(quiescent, 8)
     gateway.process.send_signal(signal.SIGTERM)
     wait_for(lambda: httpx.get(gateway.base_url + "/health", timeout=10).status_code == 503, 30,
