@@ -14,6 +14,7 @@ from services.gateway.logprobs_format import chat_logprobs
 from services.gateway.protocol import ChatCompletionRequest, ChatTemplateFields
 from services.gateway.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.serving import Serving
+from services.gateway.sse_template import TextChunkTemplate, text_marker
 from services.gateway.streaming import (
     StallGuardedStream,
     collect_until_disconnect,
@@ -76,8 +77,12 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
     if body.stream:
         extra = {"usage": None} if body.include_usage else {}
         streamed_calls = StreamedToolCalls(calls) if calls is not None else None
+        plain = {job.index: TextChunkTemplate({**base, "choices": [{"index": job.index, "delta": {
+            "content": text_marker()}, "logprobs": None, "finish_reason": None}], **extra}) for job in jobs}
 
-        def to_chunk(delta: ChoiceDelta) -> dict | list[dict]:
+        def to_chunk(delta: ChoiceDelta) -> str | dict | list[dict]:
+            if not body.logprobs and streamed_calls is None and delta.text and delta.finish_reason is None:
+                return plain[delta.index].render(delta.text)  # most tokens: only the text varies
             logprobs = chat_logprobs(serving.tokenizer, delta.logprobs) if body.logprobs else None
             if streamed_calls is not None:
                 return [{**base, "choices": [{"index": delta.index, "delta": piece, "logprobs": logprobs if i == 0

@@ -13,6 +13,7 @@ from services.gateway.logprobs_format import completion_logprobs
 from services.gateway.protocol import CompletionRequest
 from services.gateway.sampling import RequestShape, check_token_ids
 from services.gateway.serving import Serving
+from services.gateway.sse_template import TextChunkTemplate, text_marker
 from services.gateway.streaming import (
     StallGuardedStream,
     collect_until_disconnect,
@@ -59,8 +60,13 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
     if body.stream:
         extra = {"usage": None} if body.include_usage else {}
         offsets = {job.index: 0 for job in jobs}
+        plain = {job.index: TextChunkTemplate({**base, "choices": [{"index": job.index, "text": text_marker(),
+                                                                     "logprobs": None, "finish_reason": None}],
+                                               **extra}) for job in jobs}
 
-        def to_chunk(delta: ChoiceDelta) -> dict:
+        def to_chunk(delta: ChoiceDelta) -> str | dict:
+            if body.logprobs is None and delta.finish_reason is None:  # most tokens: only the text varies
+                return plain[delta.index].render(delta.text)
             logprobs = None
             if body.logprobs is not None:
                 logprobs = completion_logprobs(serving.tokenizer, delta.logprobs, offsets[delta.index])

@@ -232,10 +232,10 @@ SSE_DONE = "data: [DONE]\n\n"
 
 
 async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict],
-                     to_chunk: Callable[[ChoiceDelta], dict | list[dict]],
+                     to_chunk: Callable[[ChoiceDelta], str | dict | list[dict]],
                      usage_chunk: Callable[[dict], dict] | None, req_id: str | None = None) -> AsyncIterator[str]:
     """`head` chunks, the chunk (or chunks) of each delta, the usage chunk when asked, then [DONE]; errors as an
-    error event."""
+    error event. `to_chunk` may return a chunk already encoded as JSON (a str; see sse_template.py)."""
     for chunk in head:
         yield sse(chunk)
     tracker = UsageTracker()
@@ -244,6 +244,9 @@ async def sse_events(deltas: AsyncIterator[ChoiceDelta], head: list[dict],
             async for delta in stream:
                 tracker.add(delta)
                 chunks = to_chunk(delta)
+                if isinstance(chunks, str):
+                    yield f"data: {chunks}\n\n"
+                    continue
                 for chunk in chunks if isinstance(chunks, list) else [chunks]:
                     yield sse(chunk)
     except Exception as exc:  # the status line is gone: report in the stream, as OpenAI does
