@@ -100,7 +100,7 @@ class EngineLoop:
         self.recovering = False  # waiting for the worker to come back (the WorkerMonitor stands aside)
         self.last_step_end_s = time.monotonic()
         self._lost: WorkerUnavailable | None = None  # set when the worker is lost; the loop recovers next
-        self._lost_event = asyncio.Event()  # set with _lost: the step in flight is not waited for
+        self._lost_signal: asyncio.Future[None] | None = None  # done with _lost: the step in flight is not waited for
         self.grammars = GrammarPreparer(worker)
         self._grammar_tasks: dict[str, asyncio.Task] = {}  # req_id -> its grammar's preparation
         self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
@@ -193,7 +193,8 @@ class EngineLoop:
         if self._lost is None and not self.recovering:
             self._lost = error
             self.readiness.set(NotReady.WORKER_LOST)
-            self._lost_event.set()  # a step in flight is abandoned
+            if self._lost_signal is not None and not self._lost_signal.done():
+                self._lost_signal.set_result(None)  # a step in flight is abandoned
             self._wakeup.set()
 
     def _forget(self, req_id: str) -> bool:
@@ -249,13 +250,13 @@ class EngineLoop:
         """Wait for the oldest step's output and apply it. The step is given up when it fails, passes its deadline
         (--step-progress-timeout-s) or the worker is found lost; the loop then recovers."""
         sent = self._in_flight[0]
-        lost = asyncio.ensure_future(self._lost_event.wait())
-        try:
-            # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow the loop's cancellation at shutdown
-            await asyncio.wait({sent.reply, lost}, timeout=self.worker.step_timeout_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
+        if self._lost_signal is None:  # one plain future until the worker is lost: no task per step
+            self._lost_signal = asyncio.get_running_loop().create_future()
+            if self._lost is not None:
+                self._lost_signal.set_result(None)
+        # asyncio.wait, not wait_for: Python 3.11's wait_for can swallow the loop's cancellation at shutdown
+        await asyncio.wait({sent.reply, self._lost_signal}, timeout=self.worker.step_timeout_s,
+                           return_when=asyncio.FIRST_COMPLETED)
         sent.end_span()
         if self._lost is not None:
             return  # the worker was found lost while this step ran: its output is not trusted
@@ -328,7 +329,7 @@ class EngineLoop:
         """Fail every live request, wait for the worker, and start over with a fresh scheduler."""
         log.error("%s; failing %d requests and waiting for the worker", error, len(self._queues))
         self.recovering, self._lost = True, None
-        self._lost_event.clear()
+        self._lost_signal = None
         await self.worker.reset_stream()  # the steps in flight fail with it
         self._drop_in_flight()
         self._deliver()  # the last step's outputs reach their streams before the error does
