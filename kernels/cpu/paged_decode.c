@@ -76,7 +76,6 @@ INLINE void sum8(const vf s[8], float out[8]) {
 typedef struct {
     int b, kvh, heads, group, start, len;
     const int32_t *table;
-    int split; /* one of several splits of its request's context: leaves partials (see attend) */
 } Task;
 
 /* Element offsets of position `pos`'s row of the task's first kv head, and of the same row in the next block
@@ -177,10 +176,8 @@ INLINE float exponentiate(float *row, int span, float top) {
     return total;
 }
 
-/* One task; `scores` has room for its queries * span floats. `bf16`: the query and output type, `kv`: the cache's.
- * `partial` NULL: the task covers the whole context and writes its queries' outputs; else the task is one split
- * and leaves, per query, [max score, sum of exponentials, unnormalised output (dim floats)] there. */
-INLINE void attend(const Call *c, Task *t, int dim, int bf16, int kv, float *scores, float *partial) {
+/* One task; `scores` has room for its queries * span floats. `bf16`: the query and output type, `kv`: the cache's. */
+INLINE void attend(const Call *c, Task *t, int dim, int bf16, int kv, float *scores) {
     int nv = dim / LANES, queries = t->heads * t->group, span = t->len - t->start;
     int64_t head0 = ((int64_t)t->b * c->heads + (int64_t)t->kvh * t->group) * dim;
     vf qv[MAX_TASK_QUERIES][MAX_VECS], acc[MAX_TASK_QUERIES][MAX_VECS];
@@ -195,154 +192,46 @@ INLINE void attend(const Call *c, Task *t, int dim, int bf16, int kv, float *sco
     score_keys(c, t, dim, kv, qv, scores, top);
     for (int q = 0; q < queries; q++) total[q] = exponentiate(scores + q * span, span, top[q]);
     weigh_values(c, t, dim, kv, scores, acc);
-    if (partial == NULL) {
-        for (int q = 0; q < queries; q++)
-            for (int i = 0; i < nv; i++) store_vec(c->out, head0 + q * dim + i * LANES, acc[q][i] / total[q], bf16);
-        return;
-    }
-    for (int q = 0; q < queries; q++) {
-        float *p = partial + (int64_t)q * (dim + 2);
-        p[0] = top[q];
-        p[1] = total[q];
-        for (int i = 0; i < nv; i++) store_vec(p + 2, i * LANES, acc[q][i], 0);
-    }
-}
-
-/* The outputs of a context computed in `splits` consecutive splits, from their partials (split order): each split's
- * sums rescaled to the largest maximum, then added in split order. */
-INLINE void merge_splits(const Call *c, const Task *first, int splits, int dim, int bf16, const float *partials,
-                         int64_t width) {
-    int nv = dim / LANES, queries = first->heads * first->group;
-    int64_t head0 = ((int64_t)first->b * c->heads + (int64_t)first->kvh * first->group) * dim;
-    for (int q = 0; q < queries; q++) {
-        float top = -INFINITY, total = 0.0f;
-        for (int k = 0; k < splits; k++) {
-            float m = partials[(int64_t)k * width + q * (dim + 2)];
-            top = m > top ? m : top;
-        }
-        vf acc[MAX_VECS];
-        for (int i = 0; i < nv; i++) acc[i] = (vf){0};
-        for (int k = 0; k < splits; k++) {
-            const float *p = partials + (int64_t)k * width + q * (dim + 2);
-            float w = expf(p[0] - top);
-            total += w * p[1];
-            for (int i = 0; i < nv; i++) acc[i] += w * load_vec(p + 2, i * LANES, 0);
-        }
-        for (int i = 0; i < nv; i++) store_vec(c->out, head0 + q * dim + i * LANES, acc[i] / total, bf16);
-    }
+    for (int q = 0; q < queries; q++)
+        for (int i = 0; i < nv; i++) store_vec(c->out, head0 + q * dim + i * LANES, acc[q][i] / total[q], bf16);
 }
 
 /* kv heads per task: all of a request's (up to MAX_TASK_QUERIES query heads), whose rows lie side by side in the
  * cache, so a task reads whole rows; fewer when that leaves under 4 tasks a thread (small batches). Every query
  * head gets the same numbers either way. */
-INLINE int heads_per_task(int units, int kv_heads, int group, int num_threads) {
+INLINE int heads_per_task(int batch, int kv_heads, int group, int num_threads) {
     int heads = kv_heads < MAX_TASK_QUERIES / group ? kv_heads : MAX_TASK_QUERIES / group;
-    while (heads > 1 && (int64_t)units * ((kv_heads + heads - 1) / heads) < 4 * num_threads) heads--;
+    while (heads > 1 && (int64_t)batch * ((kv_heads + heads - 1) / heads) < 4 * num_threads) heads--;
     return heads;
 }
 
-/* A context of at least 2 * SPLIT positions is computed in splits of SPLIT positions from its first visible one (the
- * last split takes the rest, under 2 * SPLIT), which run as tasks of their own and are merged afterwards, so that one
- * long request keeps every thread busy. The splits depend on the request's length only: a request gets the same
- * numbers whatever the batch or thread count. */
-#define SPLIT 256
-
-INLINE int first_of(int len, int window) { return window > 0 && len > window ? len - window : 0; }
-INLINE int splits_of(int len, int window) {
-    int span = len - first_of(len, window);
-    return len <= 0 ? 0 : span < 2 * SPLIT ? 1 : span / SPLIT;
-}
-
-/* Tasks of a call, split by split within each (request, kv head chunk), and where each group's first task is. */
-typedef struct {
-    Task *tasks;
-    int *group_start; /* [groups + 1] */
-    int num_tasks, num_groups, heads_per_task;
-} Plan;
-
-INLINE int plan_call(const Call *c, int batch, int group, int num_threads, Plan *plan) {
-    int units = 0;
-    for (int b = 0; b < batch; b++) units += splits_of(c->seq_lens[b], c->window);
-    int per_task = heads_per_task(units, c->kv_heads, group, num_threads);
-    int chunks = (c->kv_heads + per_task - 1) / per_task;
-    plan->heads_per_task = per_task;
-    plan->num_groups = batch * chunks;
-    plan->num_tasks = units * chunks;
-    plan->tasks = malloc(sizeof(Task) * (plan->num_tasks > 0 ? plan->num_tasks : 1));
-    plan->group_start = malloc(sizeof(int) * (plan->num_groups + 1));
-    if (!plan->tasks || !plan->group_start) return 1;
-    int n = 0;
-    for (int b = 0; b < batch; b++)
-        for (int chunk = 0; chunk < chunks; chunk++) {
-            int len = c->seq_lens[b], kvh = chunk * per_task, first = first_of(len, c->window);
-            plan->group_start[b * chunks + chunk] = n;
-            for (int s = 0, splits = splits_of(len, c->window); s < splits; s++) {
-                int start = first + s * SPLIT, end = s == splits - 1 ? len : start + SPLIT;
-                plan->tasks[n++] = (Task){b, kvh, c->kv_heads - kvh < per_task ? c->kv_heads - kvh : per_task, group,
-                                          start, end, c->block_tables + (int64_t)b * c->table_width,
-                                          splits_of(len, c->window) > 1};
-            }
-        }
-    plan->group_start[plan->num_groups] = n;
-    return 0;
-}
-
-/* Room for `floats` partials, kept between calls by the calling thread (a fresh buffer of this size every call would
- * be mmap'ed and page-faulted in each time); NULL when memory ran out. */
-INLINE float *partials_scratch(int64_t floats) {
-    static __thread float *buffer = NULL;
-    static __thread int64_t capacity = 0;
-    if (floats > capacity) {
-        free(buffer);
-        buffer = malloc(sizeof(float) * floats);
-        capacity = buffer ? floats : 0;
-    }
-    return buffer;
-}
-
-/* Each entry point has its own parallel region, so that `dim` and the types are constants in the outlined loops:
- * the tasks (dynamically, as threads come free), then the merges of split contexts. Returns 0, or 1 when the shape
- * is unsupported or scratch memory ran out. */
+/* Each entry point has its own parallel region, so that `dim` and the types are constants in the outlined loop.
+ * Returns 0, or 1 when the shape is unsupported or scratch memory ran out. */
 #define ENTRY(NAME, DIM, BF16, KV)                                                                              \
     int NAME(const void *query, const void *key_cache, const void *value_cache, const int32_t *block_tables,   \
              int table_width, const int32_t *seq_lens, void *out, int batch, int heads, int kv_heads,            \
              int block_size, float scale, int window, int num_threads) {                                      \
         Call c = {query, key_cache, value_cache, block_tables, seq_lens, out,                                 \
                   table_width, heads, kv_heads, block_size, window, scale};                                   \
-        int group = heads / kv_heads;                                                                        \
+        int group = heads / kv_heads, failed = 0;                                                            \
         if (group > MAX_GROUP || group * kv_heads != heads) return 1;                                        \
-        Plan plan;                                                                                           \
-        float *partials = NULL;                                                                              \
-        int failed = plan_call(&c, batch, group, num_threads, &plan);                                        \
-        const int64_t width = (int64_t)plan.heads_per_task * group * (DIM + 2); /* one task's partials */    \
-        if (!failed && plan.num_tasks > plan.num_groups)                                                     \
-            failed = (partials = partials_scratch(width * plan.num_tasks)) == NULL;                          \
-        if (!failed) {                                                                                       \
-            _Pragma("omp parallel num_threads(num_threads)")                                                 \
-            {                                                                                                \
-                _Pragma("omp for schedule(dynamic, 1)")                                                      \
-                for (int k = 0; k < plan.num_tasks; k++) {                                                   \
-                    Task *t = &plan.tasks[k];                                                                \
-                    float *scores = malloc(sizeof(float) * t->heads * t->group * (t->len - t->start));       \
-                    if (scores) attend(&c, t, DIM, BF16, KV, scores, t->split ? partials + k * width : NULL);\
-                    else {                                                                                   \
-                        _Pragma("omp atomic write") failed = 1;                                              \
-                    }                                                                                        \
-                    free(scores);                                                                            \
+        int per_task = heads_per_task(batch, kv_heads, group, num_threads);                                  \
+        int chunks = (kv_heads + per_task - 1) / per_task;                                                   \
+        _Pragma("omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads)")                \
+        for (int b = 0; b < batch; b++)                                                                      \
+            for (int chunk = 0; chunk < chunks; chunk++) {                                                   \
+                int len = seq_lens[b], kvh = chunk * per_task;                                               \
+                if (len <= 0) continue;                                                                      \
+                Task t = {b, kvh, kv_heads - kvh < per_task ? kv_heads - kvh : per_task, group,              \
+                          window > 0 && len > window ? len - window : 0, len,                                \
+                          block_tables + (int64_t)b * table_width};                                          \
+                float *scores = malloc(sizeof(float) * t.heads * group * (len - t.start));                   \
+                if (scores) attend(&c, &t, DIM, BF16, KV, scores);                                           \
+                else {                                                                                       \
+                    _Pragma("omp atomic write") failed = 1;                                                  \
                 }                                                                                            \
-                if (partials) {                                                                              \
-                    _Pragma("omp for schedule(dynamic, 1)")                                                  \
-                    for (int g = 0; g < plan.num_groups; g++) {                                              \
-                        int first = plan.group_start[g], splits = plan.group_start[g + 1] - first;           \
-                        if (splits > 1 && !failed)                                                           \
-                            merge_splits(&c, &plan.tasks[first], splits, DIM, BF16, partials + first * width,\
-                                         width);                                                             \
-                    }                                                                                        \
-                }                                                                                            \
+                free(scores);                                                                                \
             }                                                                                                \
-        }                                                                                                    \
-        free(plan.tasks);                                                                                    \
-        free(plan.group_start);                                                                              \
         return failed;                                                                                       \
     }
 

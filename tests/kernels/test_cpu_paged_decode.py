@@ -100,40 +100,6 @@ def test_a_request_gets_the_same_numbers_alone_or_in_a_batch(threads: int) -> No
         torch.set_num_threads(previous)
 
 
-def _long_batch(window_seed: int) -> PagedBatch:
-    """Contexts around the split points (kernels/cpu/paged_decode.c: SPLIT = 256; split from 512 positions on)."""
-    seq_lens = [511, 512, 513, 767, 768, 1300, 40]
-    batch = make_batch(seq_lens, [1] * len(seq_lens), 9, 3, 64, 16, torch.float32, CPU, seed=window_seed)
-    batch.key_cache, batch.value_cache = batch.key_cache.half(), batch.value_cache.half()
-    return batch
-
-
-@pytest.mark.parametrize("window", [0, 600, 1000])
-def test_long_contexts_computed_in_splits_match_reference(window: int) -> None:
-    batch = _long_batch(window)
-    out = native.NativePagedDecode()(batch.query, batch.key_cache, batch.value_cache, batch.block_tables,
-                                     batch.seq_lens, 0.125, window)
-    assert_close_to_ref(out, _ref(batch, 0.125, window), torch.float32)
-
-
-@pytest.mark.parametrize("threads", [1, 2])
-def test_a_long_request_gets_the_same_numbers_alone_or_in_a_batch(threads: int) -> None:
-    """Alone, a long request's context is split to keep every thread busy; the splits depend on its length only."""
-    batch = _long_batch(7)
-    decode = native.NativePagedDecode()
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        together = decode(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
-                          0.125, 0)
-        for i in range(len(batch.seq_lens)):
-            alone = decode(batch.query[i:i + 1], batch.key_cache, batch.value_cache, batch.block_tables[i:i + 1],
-                           batch.seq_lens[i:i + 1], 0.125, 0)
-            assert torch.equal(alone[0], together[i])
-    finally:
-        torch.set_num_threads(previous)
-
-
 def test_softmax_is_stable_for_large_scores() -> None:
     """Scores in the hundreds (exp would overflow without subtracting the max) still give the reference."""
     batch = _batch(3, 64, torch.float32, 16, seed=3)
