@@ -1,8 +1,8 @@
 """Decode throughput of the engine next to transformers' `generate` on the same model, in one run.
 
-For each batch size B: B chat prompts, EOS ignored, N new tokens each. Decode tokens/s = B x (N - 1) divided by
-the time after the first token (so prefill is excluded on both sides: the engine's first step, and a separate
-`generate` of one token for transformers).
+For each batch size B: B chat prompts, EOS ignored, N new tokens each, after an untimed short run of the same batch.
+Decode tokens/s = B x (N - 1) divided by the time after the first token (so prefill is excluded on both sides: the
+engine's first step, and a separate `generate` of one token for transformers).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from shared.sampling_params import SamplingParams
 QUESTIONS = ["What is the capital of France?", "Explain photosynthesis.", "Write a poem about rain.",
              "How do airplanes fly?", "What is a prime number?", "Describe the water cycle.",
              "Why is the sky blue?", "What is machine learning?"]
+WARMUP_TOKENS = 4  # one untimed short run per batch size and side first (JIT compiles, allocator, caches)
 
 
 def engine_decode_tok_s(llm: LLM, prompts: list[list[int]], num_new: int) -> float:
@@ -41,13 +42,15 @@ def engine_decode_tok_s(llm: LLM, prompts: list[list[int]], num_new: int) -> flo
 
 def transformers_decode_tok_s(model, prompts: list[list[int]], num_new: int, pad_id: int) -> float:
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
 
     def timed(n: int) -> float:
         start = time.perf_counter()
         model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                        pad_token_id=pad_id)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
     first = timed(1)
@@ -59,17 +62,23 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--batch-sizes", default="1,8,32,64")
     parser.add_argument("--num-new-tokens", type=int, default=32)
+    parser.add_argument("--device", default="cpu", help="both sides run here: cpu, cuda")
     args = parser.parse_args()
-    llm = LLM(WorkerConfig(model_dir=args.model, kv_cache_memory_bytes=1024**3),
+    llm = LLM(WorkerConfig(model_dir=args.model, kv_cache_memory_bytes=1024**3, device=args.device),
               SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256))
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    # transformers in the engine's compute dtype (fp32 on CPU; bf16 for fp32 checkpoints on a GPU)
+    dtype = llm.engine.worker.runner.model_config.dtype if args.device != "cpu" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device).eval()
     pad_id = llm.tokenizer.pad_token_id or 0
-    print(f"torch threads: {torch.get_num_threads()}, model: {args.model}, new tokens: {args.num_new_tokens}")
+    print(f"device: {args.device}, torch threads: {torch.get_num_threads()}, model: {args.model}, dtype: {dtype}, "
+          f"new tokens: {args.num_new_tokens}")
     print(f"{'batch':>5} {'engine tok/s':>13} {'transformers tok/s':>19} {'ratio':>6}")
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         prompts = [llm.chat_prompt(QUESTIONS[i % len(QUESTIONS)]) for i in range(batch)]
+        engine_decode_tok_s(llm, prompts, WARMUP_TOKENS)  # kernel compiles and caches for this shape, untimed
         ours = engine_decode_tok_s(llm, prompts, args.num_new_tokens)
         with torch.inference_mode():
+            transformers_decode_tok_s(model, prompts, WARMUP_TOKENS, pad_id)
             theirs = transformers_decode_tok_s(model, prompts, args.num_new_tokens, pad_id)
         print(f"{batch:>5} {ours:>13.1f} {theirs:>19.1f} {ours / theirs:>6.2f}", flush=True)
 
