@@ -8,8 +8,8 @@ must stay bounded; and the accepted requests' median time to first token is comp
     python -m benchmarks.overload --serve models/SmolLM2-135M-Instruct --serve-arg=--max-queue-wait-s=0.5
         (starts `pagedserve serve` on free ports, follows its services' memory, stops it at the end)
 
-Capacity: completed requests per second of a closed loop at `--capacity-concurrency` streams. Arrivals are
-evenly spaced (open loop: a request is sent on time whatever the server does).
+Capacity: completed requests (whole 200 streams) per second of a closed loop at `--capacity-concurrency` streams.
+Arrivals are evenly spaced (open loop: a request is sent on time whatever the server does).
 """
 
 from __future__ import annotations
@@ -104,16 +104,20 @@ async def _read_stream(response: aiohttp.ClientResponse, outcome: Outcome, start
 
 async def measure_capacity(session: aiohttp.ClientSession, base_url: str, concurrency: int, num_requests: int,
                            max_tokens: int) -> float:
-    """Completed requests per second of a closed loop."""
+    """Completed requests per second of a closed loop: whole 200 streams only (a quick 429 is no capacity)."""
     counter = iter(range(num_requests))
+    outcomes: list[Outcome] = []
 
     async def worker() -> None:
         for index in counter:
-            await one_request(session, base_url, body(index, max_tokens), 120)
+            outcomes.append(await one_request(session, base_url, body(index, max_tokens), 120))
 
     start_s = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return num_requests / (time.perf_counter() - start_s)
+    completed = sum(o.status == 200 and not o.error for o in outcomes)
+    if not completed:
+        raise RuntimeError(f"no request of the capacity run completed: {outcomes[:5]}")
+    return completed / (time.perf_counter() - start_s)
 
 
 async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: int, max_tokens: int) -> float:

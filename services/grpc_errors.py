@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 
 RETRY_AFTER_KEY = "retry-after-s"  # trailing metadata: whole seconds a client should wait before retrying
+ADMIT_AFTER_KEY = "admit-after-ms"  # trailing metadata: milliseconds in which further arrivals would be refused too
 
 
 class ServiceNotReady(RuntimeError):
@@ -55,10 +56,14 @@ def status_code_of(exc: BaseException) -> grpc.StatusCode:
 
 
 def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
-    """(code, details, trailing metadata): `retry-after-s` for errors that carry a `retry_after_s`."""
+    """(code, details, trailing metadata): `retry-after-s` for errors that carry a `retry_after_s`, `admit-after-ms`
+    for those that carry a positive `admit_after_s`."""
     code = status_code_of(exc)
     retry_after_s = getattr(exc, "retry_after_s", None)
     metadata = ((RETRY_AFTER_KEY, str(int(retry_after_s))),) if retry_after_s is not None else ()
+    admit_after_s = getattr(exc, "admit_after_s", 0.0)
+    if admit_after_s > 0:
+        metadata += ((ADMIT_AFTER_KEY, str(round(admit_after_s * 1000))),)
     if code is grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
         return code, f"internal error: {type(exc).__name__}: {exc}", metadata

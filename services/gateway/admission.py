@@ -4,16 +4,23 @@ Both answers carry Retry-After. Work requests (generation, tokenize, detokenize)
 to their last, streamed bodies included, so the count reaching 0 means nothing is in flight. Each generation
 request also holds a cut signal: a future the drain deadline resolves to an error, which ends the request with
 that error (a JSON 503 before its first byte, an error event and [DONE] in a stream).
+
+While every scheduler replica has said it refuses arrivals for a while (`refusing_for_s` > 0, from the router),
+generation requests are shed at once: a 429 before their body is read, so a flood costs no parsing, tokenizing or
+gRPC call on the cores that run the steps. The wait is the replicas' own promise and lasts a second at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.gateway.errors import OpenAIError, error_response
 
-WORK_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"})
+GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+WORK_PATHS = GENERATION_PATHS | {"/tokenize", "/detokenize"}
 _REFUSED_WHILE_DRAINING = ("/v1/", "/tokenize", "/detokenize")
 OVERLOADED_RETRY_AFTER_S = 1
 DRAINING_RETRY_AFTER_S = 1  # another replica can take it at once
@@ -24,6 +31,7 @@ class Admission:
     max_open_requests: int
     num_open: int = 0  # work requests between their first and last byte
     draining: bool = False  # set once on SIGTERM: new requests get 503, /health says 503
+    refusing_for_s: Callable[[], float] = lambda: 0.0  # seconds every replica refuses arrivals (the router's)
     _cut_signals: set[asyncio.Future] = field(default_factory=set)
 
     def cut_signal(self) -> asyncio.Future:
@@ -44,17 +52,24 @@ class Admission:
         return len(signals)
 
 
+def shed_error(refusing_for_s: float) -> OpenAIError:
+    return OpenAIError(429, "the server is overloaded: every scheduler replica is refusing new requests; retry later",
+                       code="rate_limit_exceeded", retry_after_s=max(1, math.ceil(refusing_for_s)))
+
+
 def draining_error() -> OpenAIError:
     return OpenAIError(503, "the server is shutting down: retry the request (another replica will take it)",
                        code="service_unavailable", retry_after_s=DRAINING_RETRY_AFTER_S)
 
 
 class AdmissionGate:
-    """ASGI middleware: refuses while draining, caps the work requests in flight, counts them."""
+    """ASGI middleware: refuses while draining, sheds generation while the replicas refuse, caps the work requests
+    in flight, counts them."""
 
-    def __init__(self, app, admission: Admission) -> None:
+    def __init__(self, app, admission: Admission, shed_counter=None) -> None:
         self.app = app
         self.admission = admission
+        self.shed_counter = shed_counter  # a prometheus Counter of shed requests, or None
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
@@ -64,6 +79,11 @@ class AdmissionGate:
             return
         if path not in WORK_PATHS:
             await self.app(scope, receive, send)
+            return
+        if path in GENERATION_PATHS and (refusing_s := self.admission.refusing_for_s()) > 0:
+            if self.shed_counter is not None:
+                self.shed_counter.inc()
+            await error_response(shed_error(refusing_s))(scope, receive, send)
             return
         if self.admission.num_open >= self.admission.max_open_requests:
             refusal = OpenAIError(429, f"the server is overloaded: {self.admission.max_open_requests} requests are "

@@ -56,7 +56,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     app = FastAPI(title="pagedserve", version=_version(), lifespan=lifespan)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=serving.config.max_body_bytes)
-    app.add_middleware(AdmissionGate, admission=serving.admission)
+    app.add_middleware(AdmissionGate, admission=serving.admission, shed_counter=serving.metrics.shed_requests)
     app.add_middleware(AuthAndCount, serving=serving)
     app.add_middleware(ErrorBoundary)  # the outermost of ours but CORS
     config = serving.config

@@ -21,6 +21,8 @@ from shared.sampling_params import SamplingParamsError
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_METADATA = "retry-after-s"  # trailing metadata of a RESOURCE_EXHAUSTED / UNAVAILABLE status
+ADMIT_AFTER_METADATA = "admit-after-ms"  # trailing metadata of a RESOURCE_EXHAUSTED: arrivals refused this long
+MAX_ADMIT_AFTER_S = 1.0  # a replica's promise is trusted this long at most
 DEFAULT_RETRY_AFTER_S = 1
 _RETRYABLE = (429, 503)
 
@@ -91,6 +93,19 @@ def _retry_after_s(exc: grpc.aio.AioRpcError) -> int | None:
             except (TypeError, ValueError, OverflowError):
                 return None
     return None
+
+
+def admit_after_s(exc: grpc.aio.AioRpcError) -> float:
+    """The scheduler's `admit-after-ms` trailing metadata in seconds, at most MAX_ADMIT_AFTER_S; 0 when absent or
+    bad."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == ADMIT_AFTER_METADATA:
+            try:
+                seconds = float(value) / 1000
+            except (TypeError, ValueError):
+                return 0.0
+            return min(MAX_ADMIT_AFTER_S, seconds) if seconds > 0 else 0.0  # NaN too fails `> 0`
+    return 0.0
 
 
 def internal_error(req_id: str | None) -> OpenAIError:

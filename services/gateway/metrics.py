@@ -26,6 +26,10 @@ class GatewayMetrics:
             buckets=_DURATION_BUCKETS_S, registry=self.registry)
         self.http_requests_in_flight = Gauge("pagedserve_http_requests_in_flight", "HTTP requests being served",
                                              registry=self.registry)
+        self.shed_requests = Counter(
+            "pagedserve_gateway_shed_requests",
+            "generation requests refused (429) unread because every scheduler replica was refusing arrivals",
+            registry=self.registry)
         self.scheduler_ready = Gauge("pagedserve_gateway_scheduler_ready",
                                      "1 while this gateway's scheduler reports ready", registry=self.registry)
 

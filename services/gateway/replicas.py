@@ -64,6 +64,7 @@ class Replica:
     serving: bool = False  # the last health check (or call) found it SERVING
     num_in_flight: int = 0  # this gateway's Generate calls open on it
     answered: bool = True  # its last health check got an answer
+    refusing_until_s: float = 0.0  # time.monotonic() until which it said it refuses arrivals (overloaded)
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property

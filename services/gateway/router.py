@@ -2,8 +2,11 @@
 
 A call that fails before its first output with a status another replica may not share (unavailable, overloaded,
 internal) is retried once on another live replica; UNAVAILABLE also takes the replica out until its health
-check passes. Once output has been streamed, errors go to the client as they are (a stream ends with an error
-event and [DONE]). The router never touches Redis: it reads the PrefixMirror's memory.
+check passes. An overloaded replica's refusal says how long it will refuse arrivals (`admit-after-ms`, at most a
+second): until then routing passes it over while another is open, and `refusing_for_s` tells the gateway's
+admission gate to shed arrivals before reading them when every replica refuses. Once output has been streamed,
+errors go to the client as they are (a stream ends with an error event and [DONE]). The router never touches
+Redis: it reads the PrefixMirror's memory.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from services.gateway.errors import OpenAIError
+from services.gateway.errors import OpenAIError, admit_after_s
 from services.gateway.prefix_mirror import PrefixMirror
 from services.gateway.replicas import Replica, ReplicaSet
 from services.gateway.router_metrics import RouterMetrics
@@ -95,6 +98,8 @@ class Router:
         live = [r for r in self.replicas.live() if r not in exclude]
         if not live:
             return None
+        now_s = time.monotonic()
+        live = [r for r in live if r.refusing_until_s <= now_s] or live  # the open ones, when there are any
         if self.mirror is not None:
             self._follow()
         tokens = request.prompt_token_ids
@@ -154,6 +159,12 @@ class Router:
                 return count
         return len(keys)
 
+    def refusing_for_s(self) -> float:
+        """Seconds for which every live replica has said it refuses arrivals (0 when one is open or none is live)."""
+        now_s = time.monotonic()
+        waits = [r.refusing_until_s - now_s for r in self.replicas.live()]
+        return max(0.0, min(waits)) if waits else 0.0
+
     def load_of(self, replica: Replica) -> int:
         """Requests running or waiting on the replica: its published count, or this gateway's own open calls when
         those are more (they count at once; the published figure lags and includes other gateways')."""
@@ -186,6 +197,8 @@ class Router:
                         yield out
                 return
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    replica.refusing_until_s = time.monotonic() + admit_after_s(exc)
                 if started or tried or exc.code() not in RETRYABLE:
                     raise
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:

@@ -48,6 +48,7 @@ class Serving:
         config = RouterConfig(self.config.routing, self.config.routing_load_cost_tokens,
                               self.config.routing_pending_ttl_s)
         self.router = Router(config, self.replicas, self.mirror, RouterMetrics(self.metrics.registry))
+        self.admission.refusing_for_s = self.router.refusing_for_s
         self.metrics.registry.register(ReplicaStateCollector(self.router))
 
     @property

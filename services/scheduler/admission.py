@@ -12,6 +12,11 @@ The prediction is in steps, turned into seconds by the recent step time:
 - a free slot: with `max_num_seqs` requests running, a new one waits for as many finishes as there are requests
   ahead of it beyond the free slots, at the recent finishing rate (or, before one was seen, by the output tokens
   the running requests may still produce).
+
+Each refusal also says how long the gateway may refuse further arrivals without asking (`admit_after_s`, at most
+`MAX_ADMIT_AFTER_S`): nothing that admission looks at changes before the step in flight ends, so arrivals until
+then would be refused too. The gateway sheds them before reading their bodies, which keeps a flood's parsing,
+tokenizing and gRPC calls off the cores that run the steps.
 """
 
 from __future__ import annotations
@@ -24,14 +29,17 @@ from shared.request_io import GenerateRequest
 
 _SMOOTHING = 0.2  # weight of the newest step in the moving averages
 MAX_RETRY_AFTER_S = 60
+MAX_ADMIT_AFTER_S = 1.0  # the longest a refusal lets the gateway shed arrivals without asking again
 
 
 class Overloaded(RuntimeError):
-    """The server is too busy to take this request now; retry after `retry_after_s` (a 429)."""
+    """The server is too busy to take this request now; retry after `retry_after_s` (a 429). Arrivals within
+    `admit_after_s` would be refused as well (0: no such promise)."""
 
-    def __init__(self, message: str, retry_after_s: int) -> None:
+    def __init__(self, message: str, retry_after_s: int, admit_after_s: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.admit_after_s = admit_after_s
 
 
 @dataclass(frozen=True)
@@ -91,21 +99,25 @@ class AdmissionControl:
         self.estimator = QueueWaitEstimator()
         self.num_refused = 0
 
-    def check(self, scheduler: Scheduler, request: GenerateRequest, num_in_flight: int = 0) -> None:
-        """Raises Overloaded when the queue is full or the request would wait longer than the bound."""
+    def check(self, scheduler: Scheduler, request: GenerateRequest, num_in_flight: int = 0,
+              step_ends_in_s: float = 0.0) -> None:
+        """Raises Overloaded when the queue is full or the request would wait longer than the bound;
+        `step_ends_in_s`: when the oldest step in flight is expected back (the earliest the answer can change)."""
         config, predicted_s = self.config, self.estimator.predict_s(scheduler, num_in_flight)
         waiting_tokens = sum(r.num_tokens for r in scheduler.waiting)
         if len(scheduler.waiting) >= config.max_waiting_requests:
             self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",
-                         predicted_s)
+                         predicted_s, step_ends_in_s)
         if waiting_tokens + len(request.prompt_token_ids) > config.max_waiting_tokens:
             self._refuse(f"{waiting_tokens} prompt tokens are waiting (at most {config.max_waiting_tokens})",
-                         predicted_s)
+                         predicted_s, step_ends_in_s)
         if config.max_queue_wait_s and predicted_s > config.max_queue_wait_s:
+            excess_s = predicted_s - config.max_queue_wait_s
             self._refuse(f"the predicted queue time is {predicted_s:.2f}s (at most {config.max_queue_wait_s:g}s)",
-                         predicted_s - config.max_queue_wait_s)
+                         excess_s, max(excess_s, step_ends_in_s))
 
-    def _refuse(self, why: str, wait_s: float) -> None:
+    def _refuse(self, why: str, wait_s: float, admit_after_s: float) -> None:
         self.num_refused += 1
         raise Overloaded(f"the server is overloaded: {why}; retry later",
-                         min(MAX_RETRY_AFTER_S, max(1, math.ceil(wait_s))))
+                         min(MAX_RETRY_AFTER_S, max(1, math.ceil(wait_s))),
+                         min(MAX_ADMIT_AFTER_S, max(0.0, admit_after_s)))

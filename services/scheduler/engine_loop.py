@@ -137,7 +137,7 @@ class EngineLoop:
         ServiceNotReady while not ready (worker lost, draining)."""
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
-        self.admission.check(self.scheduler, request, len(self._in_flight))
+        self.admission.check(self.scheduler, request, len(self._in_flight), self._step_ends_in_s())
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[request.req_id] = queue
@@ -196,6 +196,14 @@ class EngineLoop:
             if self._lost_signal is not None and not self._lost_signal.done():
                 self._lost_signal.set_result(None)  # a step in flight is abandoned
             self._wakeup.set()
+
+    def _step_ends_in_s(self) -> float:
+        """Seconds until the oldest step in flight is expected back (0 with none out or before a step timed)."""
+        step_time_s = self.admission.estimator.step_time_s
+        if not self._in_flight or step_time_s is None:
+            return 0.0
+        started_s = max(self._in_flight[0].sent_s, self._last_reply_s)
+        return max(0.0, started_s + step_time_s - time.perf_counter())
 
     def _forget(self, req_id: str) -> bool:
         self._span_contexts.pop(req_id, None)

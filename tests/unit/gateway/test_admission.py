@@ -8,6 +8,7 @@ import signal
 import time
 
 import uvicorn
+from prometheus_client import CollectorRegistry, Counter
 
 from services.gateway.admission import Admission, AdmissionGate
 from services.gateway.drain import CUT_GRACE_S, DrainingServer
@@ -15,11 +16,15 @@ from services.gateway.errors import OpenAIError
 from tests.unit.gateway.test_app import CHAT, gateway_with_state
 
 
-async def call(app, path: str, method: str = "POST") -> tuple[int, dict[str, str], dict | None]:
-    """Run one request through an ASGI app: (status, headers, JSON body or None)."""
+async def call(app, path: str, method: str = "POST", body_read: list | None = None
+               ) -> tuple[int, dict[str, str], dict | None]:
+    """Run one request through an ASGI app: (status, headers, JSON body or None); `body_read` gets an item each time
+    the app reads the request body."""
     messages = []
 
     async def receive():
+        if body_read is not None:
+            body_read.append(True)
         return {"type": "http.request", "body": b"", "more_body": False}
 
     async def send(message):
@@ -57,6 +62,31 @@ def test_requests_over_the_cap_get_429_with_retry_after_and_the_count_returns_to
         assert (await call(gate, "/v1/chat/completions"))[0] == 200
 
     asyncio.run(main())
+
+
+def test_while_every_replica_refuses_generation_is_shed_unread_and_counted():
+    async def main():
+        refusing = {"s": 0.3}
+        admission = Admission(max_open_requests=8, refusing_for_s=lambda: refusing["s"])
+        shed = Counter("shed", "test", registry=CollectorRegistry())
+        gate = AdmissionGate(held_app(asyncio.Event()), admission, shed_counter=shed)
+        status, headers, body = await call(gate, "/v1/chat/completions", body_read=(read := []))
+        assert (status, headers["retry-after"], body["error"]["code"]) == (429, "1", "rate_limit_exceeded")
+        assert read == [] and shed._value.get() == 1 and admission.num_open == 0  # its body was never read
+        assert (await call(gate, "/v1/completions"))[0] == 429
+        open_gate = AdmissionGate(held_app(released()), admission, shed_counter=shed)
+        assert (await call(open_gate, "/tokenize"))[0] == 200  # not generation: not shed
+        refusing["s"] = 0.0
+        assert (await call(open_gate, "/v1/completions"))[0] == 200
+        assert shed._value.get() == 2
+
+    asyncio.run(main())
+
+
+def released() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
 
 
 def test_reads_are_not_capped():

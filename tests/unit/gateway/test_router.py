@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import grpc
 import grpc.aio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.gateway.errors import OpenAIError
+from services.gateway.errors import OpenAIError, admit_after_s
 from services.gateway.prefix_mirror import InstanceView, ReplicaLoad
 from services.gateway.replica_addresses import Target
 from services.gateway.replicas import ReplicaSet
@@ -23,8 +24,9 @@ from shared.sampling_params import SamplingParams
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 
-def rpc_error(code: grpc.StatusCode, details: str = "boom") -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+def rpc_error(code: grpc.StatusCode, details: str = "boom", **trailing: str) -> grpc.aio.AioRpcError:
+    metadata = grpc.aio.Metadata(*((key.replace("_", "-"), value) for key, value in trailing.items()))
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), metadata, details)
 
 
 def request(req_id: str, prompt: list[int], salt: str | None = None) -> GenerateRequest:
@@ -104,6 +106,36 @@ async def test_overload_on_every_replica_reaches_the_client_after_one_retry(toke
         assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert len(a.requests) + len(b.requests) == 2  # one try and one retry, no more
         assert len(replicas.live()) == 2  # overload is not a failure of the replica
+
+
+@pytest.mark.asyncio
+async def test_a_refusing_replica_is_passed_over_and_all_refusing_is_told_to_the_gate(tokenizer):
+    a, b = FakeSchedulerClient(tokenizer, instance_id="a"), FakeSchedulerClient(tokenizer, instance_id="b")
+    a.fail_before_output = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", admit_after_ms="400")
+    async with running(fake_replicas(a, b, health_interval_s=10), 2) as replicas:
+        router, _ = make_router(replicas, "round-robin")
+        assert router.refusing_for_s() == 0.0
+        served = [(await run(router, request(f"r{i}", [1, 2, 3])))[1] for i in range(4)]
+        assert served == [["b"]] * 4 and len(a.requests) == 1  # a refused once, then routing passed it over
+        assert 0.3 < replicas.replicas["a:1"].refusing_until_s - time.monotonic() <= 0.4
+        assert router.refusing_for_s() == 0.0  # b is open: nothing to shed
+        b.fail_before_output = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "busy", admit_after_ms="200")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await run(router, request("r4", [1, 2, 3]))
+        assert 0.1 < router.refusing_for_s() <= 0.2  # both refuse: the shorter promise
+        replicas.replicas["b:1"].refusing_until_s = 0.0
+        assert router.refusing_for_s() == 0.0
+
+
+@pytest.mark.parametrize("value", ["abc", "-5", "nan", "0", ""])
+def test_a_bad_or_empty_refusal_window_promises_nothing(value):
+    assert admit_after_s(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, admit_after_ms=value)) == 0.0
+
+
+def test_a_refusal_window_is_trusted_for_a_second_at_most():
+    assert admit_after_s(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, admit_after_ms="38")) == pytest.approx(0.038)
+    assert admit_after_s(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, admit_after_ms="1e9")) == 1.0
+    assert admit_after_s(rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED)) == 0.0
 
 
 @pytest.mark.asyncio

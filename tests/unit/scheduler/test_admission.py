@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded, QueueWaitEstimator
+from services.scheduler.admission import (
+    MAX_ADMIT_AFTER_S,
+    AdmissionConfig,
+    AdmissionControl,
+    Overloaded,
+    QueueWaitEstimator,
+)
 from services.scheduler.scheduler import Scheduler
 from shared.step_protocol import StepOutput
 from tests.unit.scheduler.fake_worker import describe
@@ -108,3 +114,34 @@ def test_retry_after_is_at_least_one_and_at_most_a_minute():
     with pytest.raises(Overloaded) as info:
         control.check(sched, gen("x", [1]))
     assert info.value.retry_after_s == 60
+
+
+def test_a_refusal_says_how_long_arrivals_would_be_refused_too():
+    """Nothing admission reads changes before the step in flight ends: a refusal promises at least that long (the
+    excess of the predicted wait when longer), capped at MAX_ADMIT_AFTER_S; an unbounded wait does not promise."""
+    sched = scheduler(max_num_seqs=4)
+    fill(sched, num_running=4, num_waiting=6)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    for _ in range(50):
+        control.estimator.record_step(0.1, 2)  # predicted wait 0.35 s (the test above): an excess of 0.15 s
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("a", [1, 2]), step_ends_in_s=0.04)
+    assert info.value.admit_after_s == pytest.approx(0.15)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("b", [1, 2]), step_ends_in_s=0.3)
+    assert info.value.admit_after_s == pytest.approx(0.3)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("c", [1, 2]), step_ends_in_s=7.0)
+    assert info.value.admit_after_s == MAX_ADMIT_AFTER_S
+
+
+def test_a_full_queue_promises_until_the_step_in_flight_ends():
+    sched = scheduler(max_num_seqs=1)
+    fill(sched, num_running=1, num_waiting=2)
+    control = AdmissionControl(AdmissionConfig(max_waiting_requests=2))
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("x", [1]), step_ends_in_s=0.06)
+    assert info.value.admit_after_s == pytest.approx(0.06)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("y", [1]))  # no step out: the next arrival may find a changed queue
+    assert info.value.admit_after_s == 0.0

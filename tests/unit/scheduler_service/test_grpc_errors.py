@@ -88,6 +88,10 @@ class OverloadedServicer:
         raise Overloaded("the server is overloaded", 7)
 
     @map_errors
+    async def async_method(self, request, context):
+        raise Overloaded("the server is overloaded", 1, admit_after_s=0.0384)
+
+    @map_errors
     async def stream_method(self, request, context):
         raise ServiceNotReady("draining")
         yield 1
@@ -106,3 +110,12 @@ async def test_errors_with_a_retry_after_send_it_as_trailing_metadata():
             pass
     assert stream_context.aborted[0] is grpc.StatusCode.UNAVAILABLE
     assert stream_context.trailing_metadata == (("retry-after-s", "5"),)
+
+
+@pytest.mark.asyncio
+async def test_an_overload_with_a_refusal_window_sends_it_in_milliseconds():
+    context = FakeAsyncContext()
+    with pytest.raises(Aborted):
+        await OverloadedServicer().async_method(None, context)
+    assert context.aborted[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert context.trailing_metadata == (("retry-after-s", "1"), ("admit-after-ms", "38"))
