@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -63,6 +64,7 @@ class OverloadReport:
     accepted_ttft_p99_s: float | None = None
     ttft_ratio: float | None = None  # accepted p50 / unloaded p50
     rss_mib: dict[str, dict[str, float]] = field(default_factory=dict)  # service -> before / peak / after
+    cpu_cores: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds per second of the load phase
 
 
 def body(index: int, max_tokens: int) -> dict:
@@ -129,6 +131,12 @@ async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: 
     return statistics.median(ttfts)
 
 
+def cpu_s(pid: int | str) -> float:
+    """User + system CPU seconds a process has used (Linux /proc; "self" for this one)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -179,17 +187,25 @@ def summarize(report: OverloadReport, outcomes: list[Outcome]) -> OverloadReport
 
 
 async def run(base_url: str, duration_s: float, multiple: float, max_tokens: int, capacity_concurrency: int,
-              capacity_requests: int, timeout_s: float, pids: dict[str, int]) -> OverloadReport:
+              capacity_requests: int, timeout_s: float, pids: dict[str, int],
+              cpu_pids: dict[str, int] | None = None) -> OverloadReport:
+    """The unloaded TTFT, the capacity, then the offered load; RSS of `pids`, CPU of `cpu_pids` (default `pids`)
+    and of this client over the load phase."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         unloaded = await unloaded_ttft_p50(session, base_url, 8, max_tokens)
         capacity = await measure_capacity(session, base_url, capacity_concurrency, capacity_requests, max_tokens)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
+        cpu_pids = {**(cpu_pids or pids), "client": "self"}
+        cpu_before, start_s = {name: cpu_s(pid) for name, pid in cpu_pids.items()}, time.perf_counter()
         outcomes, peaks = await offered_load(session, base_url, capacity * multiple, duration_s, max_tokens,
                                              timeout_s, pids)
+        wall_s = time.perf_counter() - start_s
+        cpu = {name: (cpu_s(pid) - cpu_before[name]) / wall_s for name, pid in cpu_pids.items()}
         after = {name: rss_mib(pid) for name, pid in pids.items()}
     report = OverloadReport(capacity, capacity * multiple, duration_s, unloaded)
     report.rss_mib = {name: {"before": before[name], "peak": peaks[name], "after": after[name]} for name in pids}
+    report.cpu_cores = cpu
     return summarize(report, outcomes)
 
 
@@ -242,12 +258,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     pids = {name: int(pid) for name, pid in (item.split("=", 1) for item in args.pid)}
     server, base_url = None, args.base_url
+    cpu_pids = dict(pids)
     if args.serve:
         server, base_url, served = _serve(args.serve, args.serve_arg)
-        pids = {**{k: v for k, v in served.items() if k != "worker"}, **pids}
+        pids = {**{k: v for k, v in served.items() if k != "worker"}, **pids}  # the worker's RSS is its model
+        cpu_pids = {**served, **cpu_pids}
     try:
         report = asyncio.run(run(base_url.rstrip("/"), args.duration_s, args.multiple, args.max_tokens,
-                                 args.capacity_concurrency, args.capacity_requests, args.timeout_s, pids))
+                                 args.capacity_concurrency, args.capacity_requests, args.timeout_s, pids, cpu_pids))
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)

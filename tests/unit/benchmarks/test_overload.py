@@ -3,9 +3,15 @@ accepted requests' TTFT against the unloaded one."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
+import time
 
-from benchmarks.overload import Outcome, OverloadReport, summarize
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from benchmarks.overload import Outcome, OverloadReport, cpu_s, measure_capacity, summarize
 
 
 def test_outcomes_are_counted_by_kind_and_ttft_is_compared_with_the_unloaded_one():
@@ -18,3 +24,43 @@ def test_outcomes_are_counted_by_kind_and_ttft_is_compared_with_the_unloaded_one
             report.num_429_with_retry_after, report.num_5xx, report.num_hung, report.num_other) == (8, 3, 1, 2, 1, 1,
                                                                                                  1, 1)
     assert report.accepted_ttft_p50_s == pytest.approx(0.3) and report.ttft_ratio == pytest.approx(3.0)
+
+
+STREAM_S = 0.5
+
+
+def test_capacity_counts_whole_streams_only_and_a_run_without_one_fails():
+    """Quick 429s of the closed loop are no capacity: 2 of 4 requests streamed, so the rate is 2 / elapsed."""
+    calls = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        calls.append(request)
+        if len(calls) % 2 or refuse_all:
+            return web.json_response({"error": {"message": "busy"}}, status=429, headers={"Retry-After": "1"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await asyncio.sleep(STREAM_S)
+        await response.write(b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\ndata: [DONE]\n\n')
+        return response
+
+    async def main() -> float:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        async with TestServer(app) as server, aiohttp.ClientSession() as session:
+            return await measure_capacity(session, str(server.make_url("")).rstrip("/"), 2, 4, 4)
+
+    refuse_all = False
+    rate = asyncio.run(main())
+    # 2 streams in at least STREAM_S: at most 2 / STREAM_S a second (counting the 429s too would give about twice)
+    assert len(calls) == 4 and 2 / (20 * STREAM_S) < rate <= 2 / STREAM_S
+    refuse_all, calls = True, []
+    with pytest.raises(RuntimeError, match="no request of the capacity run completed"):
+        asyncio.run(main())
+
+
+def test_cpu_seconds_grow_with_work():
+    before = cpu_s("self")
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    assert cpu_s("self") - before >= 0.04
