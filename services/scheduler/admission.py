@@ -109,8 +109,9 @@ class AdmissionControl:
             self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",
                          predicted_s, step_ends_in_s)
         if waiting_tokens + len(request.prompt_token_ids) > config.max_waiting_tokens:
+            full = waiting_tokens >= config.max_waiting_tokens  # else a shorter prompt may still fit: no promise
             self._refuse(f"{waiting_tokens} prompt tokens are waiting (at most {config.max_waiting_tokens})",
-                         predicted_s, step_ends_in_s)
+                         predicted_s, step_ends_in_s if full else 0.0)
         if config.max_queue_wait_s and predicted_s > config.max_queue_wait_s:
             excess_s = predicted_s - config.max_queue_wait_s
             self._refuse(f"the predicted queue time is {predicted_s:.2f}s (at most {config.max_queue_wait_s:g}s)",

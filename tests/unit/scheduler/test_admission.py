@@ -145,3 +145,10 @@ def test_a_full_queue_promises_until_the_step_in_flight_ends():
     with pytest.raises(Overloaded) as info:
         control.check(sched, gen("y", [1]))  # no step out: the next arrival may find a changed queue
     assert info.value.admit_after_s == 0.0
+    tokens = AdmissionControl(AdmissionConfig(max_waiting_tokens=20))  # 16 prompt tokens wait
+    with pytest.raises(Overloaded) as info:
+        tokens.check(sched, gen("long", [1] * 5), step_ends_in_s=0.06)
+    assert info.value.admit_after_s == 0.0  # a prompt of 4 would still fit: nothing to promise of others
+    with pytest.raises(Overloaded) as info:
+        AdmissionControl(AdmissionConfig(max_waiting_tokens=16)).check(sched, gen("z", [1]), step_ends_in_s=0.06)
+    assert info.value.admit_after_s == pytest.approx(0.06)
