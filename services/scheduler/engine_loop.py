@@ -10,6 +10,11 @@ The Scheduler plans N+1 before N's output is back (it holds a placeholder for ea
 feeds into N+1 from its mirror), and N's outputs apply only to the requests still live, so stops, aborts and
 preemptions stay exact. With async scheduling off one step is in flight at a time (the same outputs).
 
+Late planning (with async scheduling, while requests arrive): N+1 is planned shortly before N is expected to end
+(N's start plus the recent step time, less a lead for planning and the trip to the worker) rather than as N starts,
+so that a request arriving during N joins N+1 instead of N+2: a step less of TTFT under load. Should N end sooner,
+N+1 goes out as its reply comes back, as with async scheduling off for that step.
+
 A step's outputs update the Scheduler at once but reach the streams' queues only once the next step is sent: each
 woken stream then writes its chunk to the gateway while the worker computes, instead of all of them running before
 the step goes out (64 streams held every step back by about 10 ms).
@@ -85,11 +90,16 @@ class InFlight:
             self.span = None
 
 
+ARRIVALS_WINDOW_S = 1.0  # steps are planned late while a request arrived this recently
+PLAN_LEAD_FRACTION = 0.25  # a late plan goes out this share of a step before the running one is expected to end
+MIN_PLAN_LEAD_S = 0.003
+
+
 class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
                  observer: RequestObserver | None = None, trace_step_interval: int = 0,
                  readiness: Readiness | None = None, admission: AdmissionControl | None = None,
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool = False, late_planning: bool = False) -> None:
         self.scheduler = scheduler
         self.worker = worker
         self.state = state
@@ -111,8 +121,10 @@ class EngineLoop:
         self._resumed = True  # the loop waited for work since its last step: the worker's wait is not a round trip
         # async scheduling: the next step is sent while one runs (the worker queues it); serial: one at a time
         self.max_in_flight = 2 if async_scheduling else 1
+        self.late_planning = late_planning and async_scheduling  # see _plan_late
         self._in_flight: collections.deque[InFlight] = collections.deque()  # oldest first
         self._last_reply_s = 0.0  # time.perf_counter() when the last step's output came back
+        self._last_arrival_s = -ARRIVALS_WINDOW_S  # time.perf_counter() of the last arrival, admitted or not
         self.num_steps = 0
 
     @property
@@ -137,6 +149,7 @@ class EngineLoop:
         ServiceNotReady while not ready (worker lost, draining)."""
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
+        self._last_arrival_s = time.perf_counter()
         self.admission.check(self.scheduler, request, len(self._in_flight), self._step_ends_in_s())
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
@@ -228,6 +241,8 @@ class EngineLoop:
     async def step(self) -> None:
         """Send the next step while fewer than `max_in_flight` are out; once it is out, hand the last outputs to their
         streams; then wait for the oldest step in flight when the pipeline is full or nothing else can be sent."""
+        if self.late_planning and len(self._in_flight) == 1 and await self._plan_late():
+            return
         sent = len(self._in_flight) < self.max_in_flight and self._send_next()
         await asyncio.sleep(0)  # the step goes out before the streams the last outputs wake
         self._deliver()
@@ -236,6 +251,24 @@ class EngineLoop:
             await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
         elif not sent or len(self._in_flight) == self.max_in_flight:
             await self._finish_oldest()
+
+    async def _plan_late(self) -> bool:
+        """While requests arrive, plan the next step shortly before the running one is expected to end rather than as
+        it starts, so that arrivals meanwhile join it (a step less of TTFT under load); the lead covers planning and
+        the trip to the worker. True when the loop must look again first (the worker was lost meanwhile)."""
+        step_time_s = self.admission.estimator.step_time_s
+        now_s = time.perf_counter()
+        if step_time_s is None or now_s - self._last_arrival_s > ARRIVALS_WINDOW_S:
+            return False
+        running = self._in_flight[0]
+        lead_s = max(MIN_PLAN_LEAD_S, PLAN_LEAD_FRACTION * step_time_s)
+        delay_s = max(running.sent_s, self._last_reply_s) + step_time_s - lead_s - now_s
+        if delay_s <= 0:
+            return False
+        self._deliver()  # the streams get the last outputs while the step runs
+        waits = {running.reply} if self._lost_signal is None else {running.reply, self._lost_signal}
+        await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
+        return self._lost is not None
 
     def _send_next(self) -> bool:
         """Schedule a step and send it; False when there is nothing to send."""

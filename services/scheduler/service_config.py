@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.scheduler.admission import AdmissionConfig
 from services.scheduler.redis_state import RedisStateConfig
@@ -32,6 +32,9 @@ class SchedulerServiceConfig:
     # plan and send step N+1 while the worker runs step N (it queues it), so the worker never waits for a round trip
     # or for the scheduler; false: one step at a time (the same outputs; for comparison and debugging)
     async_scheduling: bool = True
+    late_planning: bool = field(default=True, metadata={"help": (
+        "with async scheduling, while requests arrive: plan step N+1 shortly before step N ends rather than as it "
+        "starts, so that arrivals meanwhile join N+1 (a step less of TTFT under load); false: always as N starts")})
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     log_level: LogLevel = "info"  # debug, info, warning, error
 

@@ -1,0 +1,90 @@
+"""Late planning: while requests arrive, step N+1 is planned shortly before step N ends, so an arrival during N joins
+N+1 (with N+1 planned as N starts, it would wait for N+2); without recent arrivals N+1 is queued as N starts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+
+import pytest
+
+import services.scheduler.engine_loop as engine_loop
+from services.scheduler.engine_loop import EngineLoop
+from services.scheduler.redis_state import NullStateWriter
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.scheduler_config import SchedulerConfig
+from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.unit.scheduler_service.test_engine_loop import drain, request
+
+STEP_S = 0.05
+
+
+class TimedWorker(FakeWorkerClient):
+    """Records when each step was submitted and when the worker started it."""
+
+    def __init__(self) -> None:
+        super().__init__(step_delay_s=STEP_S)
+        self.submitted: list[float] = []
+        self.started: list[float] = []
+
+    def submit(self, step, step_id, traceparents, step_traceparent=""):
+        self.submitted.append(time.perf_counter())
+        return super().submit(step, step_id, traceparents, step_traceparent)
+
+    async def step(self, step, step_id, traceparents):
+        self.started.append(time.perf_counter())
+        return await super().step(step, step_id, traceparents)
+
+    def queued_s(self, first: int, last: int) -> float:
+        """Median time steps first..last-1 (0-based) waited on the worker between their submission and start."""
+        return statistics.median(s - q for q, s in zip(self.submitted[first:last], self.started[first:last],
+                                                      strict=True))
+
+
+@contextlib.asynccontextmanager
+async def running(late_planning: bool):
+    worker = TimedWorker()
+    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, NullStateWriter(), async_scheduling=True,
+                      late_planning=late_planning)
+    task = asyncio.create_task(loop.run())
+    try:
+        yield loop, worker
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def next_step_start(worker: TimedWorker) -> int:
+    """Wait until the worker starts another step; its 1-based index."""
+    count = len(worker.steps)
+    while len(worker.steps) == count:
+        await asyncio.sleep(0.001)
+    return len(worker.steps)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("late_planning", "steps_later"), [(True, 1), (False, 2)])
+async def test_an_arrival_during_a_step_joins_the_next_one_when_planned_late(late_planning, steps_later):
+    async with running(late_planning) as (loop, worker):
+        long = loop.add_request(request("long", max_tokens=40))
+        for _ in range(4):  # the step time is measured
+            await next_step_start(worker)
+        running_step = await next_step_start(worker)
+        await drain(loop.add_request(request("new", max_tokens=2)))
+        first = next(i for i, step in enumerate(worker.steps, 1) if any(r.req_id == "new" for r in step.new_requests))
+        assert first - running_step == steps_later
+        await drain(long)
+
+
+@pytest.mark.asyncio
+async def test_steps_queue_a_whole_step_ahead_once_arrivals_stop(monkeypatch):
+    monkeypatch.setattr(engine_loop, "ARRIVALS_WINDOW_S", 0.3)  # about 6 steps
+    async with running(late_planning=True) as (loop, worker):
+        long = loop.add_request(request("long", max_tokens=20))
+        await drain(long)
+    window = next(i for i, start in enumerate(worker.started) if start - worker.started[0] > 0.3)
+    assert worker.queued_s(2, window - 1) < 0.6 * STEP_S  # planned late: queued for the lead only
+    assert worker.queued_s(window + 1, len(worker.started)) > 0.8 * STEP_S  # queued as the one before started
