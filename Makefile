@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured \
+.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
 	redis-server deploy-tools gpu-check clean
 
 setup: $(STAMP) hooks
@@ -139,6 +139,16 @@ bench-routing: model redis-server
 	$(PY) -m benchmarks.routing.bench_router; rc=$$?; \
 	$(PY) -m benchmarks.routing.compare --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT)/routing $(ROUTING_ARGS) \
 		&& exit $$rc
+
+# Overload (docs/faults.md): short streamed requests at 4x the measured capacity for 60 s on `pagedserve serve`;
+# every request must end 200 or 429 with Retry-After (exit 1 otherwise), and the report gives accepted vs unloaded
+# TTFT, RSS and each process's CPU. OVERLOAD_ARGS: the serve flags (by default a latency-first admission: short
+# queue bound, small batch) and any benchmark flag, e.g. --duration-s 30.
+OVERLOAD_ARGS ?= --serve-arg=--max-queue-wait-s=0.05 --serve-arg=--max-num-seqs=8
+bench-overload: model
+	mkdir -p $(BENCH_OUT)
+	$(PY) -m benchmarks.overload --serve $(MODEL_DIR) --duration-s 60 --multiple 4 --out $(BENCH_OUT)/overload.json \
+		$(OVERLOAD_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)
