@@ -122,8 +122,12 @@ async def measure_capacity(session: aiohttp.ClientSession, base_url: str, concur
     return completed / (time.perf_counter() - start_s)
 
 
-async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: int, max_tokens: int) -> float:
-    """p50 TTFT of `num` requests one at a time; raises with their outcomes when none streamed a token."""
+async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: int, max_tokens: int,
+                            num_warmups: int = 2) -> float:
+    """p50 TTFT of `num` requests one at a time, after `num_warmups` untimed ones (a fresh server's first requests
+    are slower, which would flatter the loaded/unloaded ratio); raises with their outcomes when none streamed."""
+    for index in range(num_warmups):
+        await one_request(session, base_url, body(index, max_tokens), 60)
     outcomes = [await one_request(session, base_url, body(index, max_tokens), 60) for index in range(num)]
     ttfts = [o.ttft_s for o in outcomes if o.ttft_s is not None]
     if not ttfts:
@@ -193,7 +197,7 @@ async def run(base_url: str, duration_s: float, multiple: float, max_tokens: int
     and of this client over the load phase."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
-        unloaded = await unloaded_ttft_p50(session, base_url, 8, max_tokens)
+        unloaded = await unloaded_ttft_p50(session, base_url, 16, max_tokens)
         capacity = await measure_capacity(session, base_url, capacity_concurrency, capacity_requests, max_tokens)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
         cpu_pids = {**(cpu_pids or pids), "client": "self"}
