@@ -199,14 +199,17 @@ static void tile(const quantized_t *x, int row0, int rows, const weights_t *wt, 
 
 /* `rows` (a constant in each caller, at most VNNI_ROWS) quantized rows through panel p with AVX512-VNNI: each
  * group's 8 quads of codes are widened once to [low nibbles | high nibbles] (columns 0-7 | 8-15 in one register),
- * and vpdpbusd adds each row's 4-input dot products straight into 32-bit sums, with the row's 4 activations as an
- * embedded broadcast. The group's integer sums are the ones tile() gets through 16-bit pairs (exact either way), and
- * they are scaled in the same fp32 operations in the same order, so both give the same numbers bit for bit. */
+ * and vpdpbusd adds each row's 4-input dot products straight into 32-bit sums, with the row's 4 activations
+ * broadcast. The group's integer sums are the ones tile() gets through 16-bit pairs (exact either way), and they are
+ * scaled in the same fp32 operations in the same order, so both give the same numbers bit for bit. The same group
+ * of the next panel is prefetched: at 16 rows the tiles run fast enough for the weights' stream from memory to show
+ * (all of the default model's projections at 16 rows, Zen 4: 7.4 -> 5.3 ms). */
 INLINE void tile_vnni_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
                            int out, int64_t p, const int rows) {
     const int groups = in / GROUP;
     const __m512i nibble = _mm512_set1_epi8(0x0F), shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    const uint8_t *w = wt->codes + p * (in / 4) * 32;
+    const int64_t panel_bytes = (int64_t)(in / 4) * 32;
+    const uint8_t *w = wt->codes + p * panel_bytes;
     const float *sc = wt->scales + p * groups * PANEL, *of = wt->offsets + p * groups * PANEL;
     const int8_t *q = x->q + (int64_t)row0 * in;
     const float *s = x->scale + (int64_t)row0 * groups, *sum = x->sum + (int64_t)row0 * groups;
@@ -215,6 +218,9 @@ INLINE void tile_vnni_rows(const quantized_t *x, int row0, const weights_t *wt, 
     for (int g = 0; g < groups; g++, w += 8 * 32) {
         __m512i dot[VNNI_ROWS];
         for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+        for (int b = 0; b < 8 * 32; b += 64) __builtin_prefetch(w + panel_bytes + b); /* the next panel's group */
+        __builtin_prefetch(sc + (groups + g) * PANEL);
+        __builtin_prefetch(of + (groups + g) * PANEL);
         for (int t = 0; t < 8; t++) {
             const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 32 * t)));
             const __m512i codes = _mm512_and_si512(_mm512_srlv_epi64(both, shift), nibble);
