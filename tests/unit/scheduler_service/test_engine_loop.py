@@ -42,9 +42,10 @@ def async_scheduling(request) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_loop(worker: FakeWorkerClient, async_scheduling: bool):
+async def running_loop(worker: FakeWorkerClient, async_scheduling: bool, **options):
     state = RecordingState()
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state, async_scheduling=async_scheduling)
+    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state, async_scheduling=async_scheduling,
+                      **options)
     task = asyncio.create_task(loop.run())
     try:
         yield loop, state

@@ -11,12 +11,8 @@ import time
 import pytest
 
 import services.scheduler.engine_loop as engine_loop
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
-from tests.unit.scheduler_service.test_engine_loop import drain, request
+from tests.unit.scheduler_service.fake_worker import FakeWorkerClient
+from tests.unit.scheduler_service.test_engine_loop import drain, request, running_loop
 
 STEP_S = 0.05
 
@@ -46,15 +42,8 @@ class TimedWorker(FakeWorkerClient):
 @contextlib.asynccontextmanager
 async def running(late_planning: bool):
     worker = TimedWorker()
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, NullStateWriter(), async_scheduling=True,
-                      late_planning=late_planning)
-    task = asyncio.create_task(loop.run())
-    try:
+    async with running_loop(worker, True, late_planning=late_planning) as (loop, _):
         yield loop, worker
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def next_step_start(worker: TimedWorker) -> int:
