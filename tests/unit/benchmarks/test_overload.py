@@ -59,8 +59,9 @@ def test_capacity_counts_whole_streams_only_and_a_run_without_one_fails():
 
 
 def test_cpu_seconds_grow_with_work():
+    """/proc counts in clock ticks (10 ms): 0.2 s of work reads 0.19 s at least."""
     before = cpu_s("self")
-    deadline = time.process_time() + 0.05
+    deadline = time.process_time() + 0.2
     while time.process_time() < deadline:
         pass
-    assert cpu_s("self") - before >= 0.04
+    assert cpu_s("self") - before > 0.185
