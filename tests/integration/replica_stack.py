@@ -56,15 +56,23 @@ class ReplicaStack:
     def log_tails(self) -> str:
         return "\n".join(service.log_tail() for service in self.services)
 
+    def replica_gauge(self, routing: str, name: str) -> dict[str, float]:
+        """A per-replica gauge of the gateway's /metrics: replica id -> value."""
+        text = httpx.get(self.base_url(routing) + "/metrics", timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{"):
+                values[line.split('replica="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+        return values
+
     def replicas_up(self, routing: str) -> dict[str, bool]:
         """pagedserve_gateway_replica_up of the gateway: replica id -> routable."""
-        text = httpx.get(self.base_url(routing) + "/metrics", timeout=10).text
-        up = {}
-        for line in text.splitlines():
-            if line.startswith("pagedserve_gateway_replica_up{"):
-                replica = line.split('replica="')[1].split('"')[0]
-                up[replica] = line.rsplit(" ", 1)[1] == "1.0"
-        return up
+        return {replica: value == 1.0 for replica, value in
+                self.replica_gauge(routing, "pagedserve_gateway_replica_up").items()}
+
+    def replica_loads(self, routing: str) -> dict[str, float]:
+        """pagedserve_gateway_replica_load: the requests on each replica as the gateway's routing counts them."""
+        return self.replica_gauge(routing, "pagedserve_gateway_replica_load")
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline_s = time.monotonic() + timeout_s

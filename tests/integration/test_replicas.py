@@ -146,8 +146,16 @@ def wait_for(condition, timeout_s: float, what: str) -> float:
     return time.monotonic() - start_s
 
 
+def wait_idle(replicas: ReplicaStack) -> None:
+    """Until the prefix gateway counts no request on either replica: a replica's published load is a copy made
+    every 0.1 s, and one stopped (SIGSTOP) right after its last request would keep a stale count that routing
+    heeds (it once sent a whole burst to the other replica)."""
+    wait_for(lambda: set(replicas.replica_loads("prefix").values()) == {0.0}, 10, "both replicas idle")
+
+
 def test_a_hung_scheduler_is_out_within_5s_its_requests_retried_and_back_when_it_answers(replicas):
     base_url = replicas.base_url("prefix")
+    wait_idle(replicas)
     retries_before = metric(httpx.get(base_url + "/metrics").text, "pagedserve_gateway_route_retries_total",
                             "replica-0")
     replicas.schedulers[0].send(signal.SIGSTOP)
@@ -187,6 +195,7 @@ async def stream(http: httpx.AsyncClient, index: int, started: list[str]) -> tup
 
 def test_a_killed_worker_ends_its_streams_and_the_other_replica_serves_everything_new(replicas):
     base_url = replicas.base_url("prefix")
+    wait_idle(replicas)
 
     async def run() -> tuple[list[tuple[str, str]], list[Reply]]:
         started: list[str] = []
