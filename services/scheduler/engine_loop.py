@@ -257,15 +257,13 @@ class EngineLoop:
         it starts, so that arrivals meanwhile join it (a step less of TTFT under load); the lead covers planning and
         the trip to the worker. True when the loop must look again first (the worker was lost meanwhile)."""
         step_time_s = self.admission.estimator.step_time_s
-        now_s = time.perf_counter()
-        if step_time_s is None or now_s - self._last_arrival_s > ARRIVALS_WINDOW_S:
+        if step_time_s is None or time.perf_counter() - self._last_arrival_s > ARRIVALS_WINDOW_S:
             return False
-        running = self._in_flight[0]
-        lead_s = max(MIN_PLAN_LEAD_S, PLAN_LEAD_FRACTION * step_time_s)
-        delay_s = max(running.sent_s, self._last_reply_s) + step_time_s - lead_s - now_s
+        delay_s = self._step_ends_in_s() - max(MIN_PLAN_LEAD_S, PLAN_LEAD_FRACTION * step_time_s)
         if delay_s <= 0:
             return False
         self._deliver()  # the streams get the last outputs while the step runs
+        running = self._in_flight[0]
         waits = {running.reply} if self._lost_signal is None else {running.reply, self._lost_signal}
         await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
         return self._lost is not None
