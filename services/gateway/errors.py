@@ -84,28 +84,28 @@ def _from_validation(exc: RequestValidationError) -> OpenAIError:
     return OpenAIError(400, f"{where}{message}", param=param, code="invalid_value")
 
 
+def _trailing(exc: grpc.aio.AioRpcError, name: str) -> str | None:
+    """The first value of a trailing metadata key of a failed call; None when absent."""
+    return next((value for key, value in exc.trailing_metadata() or () if key == name), None)
+
+
 def _retry_after_s(exc: grpc.aio.AioRpcError) -> int | None:
     """The scheduler's `retry-after-s` trailing metadata as whole seconds (at least 1); None when absent or bad."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == RETRY_AFTER_METADATA:
-            try:
-                return max(1, int(float(value)))
-            except (TypeError, ValueError, OverflowError):
-                return None
-    return None
+    value = _trailing(exc, RETRY_AFTER_METADATA)
+    try:
+        return None if value is None else max(1, int(float(value)))
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def admit_after_s(exc: grpc.aio.AioRpcError) -> float:
     """The scheduler's `admit-after-ms` trailing metadata in seconds, at most MAX_ADMIT_AFTER_S; 0 when absent or
     bad."""
-    for key, value in exc.trailing_metadata() or ():
-        if key == ADMIT_AFTER_METADATA:
-            try:
-                seconds = float(value) / 1000
-            except (TypeError, ValueError):
-                return 0.0
-            return min(MAX_ADMIT_AFTER_S, seconds) if seconds > 0 else 0.0  # NaN too fails `> 0`
-    return 0.0
+    try:
+        seconds = float(_trailing(exc, ADMIT_AFTER_METADATA) or 0) / 1000
+    except (TypeError, ValueError):
+        return 0.0
+    return min(MAX_ADMIT_AFTER_S, seconds) if seconds > 0 else 0.0  # NaN too fails `> 0`
 
 
 def internal_error(req_id: str | None) -> OpenAIError:
