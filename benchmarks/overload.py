@@ -8,6 +8,10 @@ must stay bounded; and the accepted requests' median time to first token is comp
     python -m benchmarks.overload --serve models/SmolLM2-135M-Instruct --serve-arg=--max-queue-wait-s=0.5
         (starts `pagedserve serve` on free ports, follows its services' memory, stops it at the end)
 
+With the scheduler's /metrics (`--metrics-url`, or the port `--serve` gives it) the report also splits the accepted
+requests' time to first token over the load phase: the scheduler's means (arrival at the scheduler to first token,
+of which queue and prompt compute) and its step time, against the client's mean.
+
 Capacity: completed requests (whole 200 streams) per second of a closed loop at `--capacity-concurrency` streams.
 Arrivals are evenly spaced (open loop: a request is sent on time whatever the server does).
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
+from benchmarks.prometheus import Samples, parse_prometheus_text
 from services.ports import free_port
 
 SHORT_PROMPTS = ["Name a color.", "What is two plus two?", "Say hello in French.", "Name a fruit.",
@@ -65,6 +70,15 @@ class OverloadReport:
     ttft_ratio: float | None = None  # accepted p50 / unloaded p50
     rss_mib: dict[str, dict[str, float]] = field(default_factory=dict)  # service -> before / peak / after
     cpu_cores: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds per second of the load phase
+    accepted_ttft_mean_s: float | None = None
+    scheduler_means_ms: dict[str, float] = field(default_factory=dict)  # over the load phase: see SCHEDULER_MEANS
+
+
+# Histograms of the scheduler (means over the load phase), then its step counters.
+SCHEDULER_MEANS = {"ttft": "pagedserve_time_to_first_token_seconds", "queue": "pagedserve_request_queue_time_seconds",
+                   "prefill": "pagedserve_request_prefill_time_seconds"}
+STEPS, STEP_SECONDS = "pagedserve_engine_steps_total", "pagedserve_worker_step_seconds_total"
+STEP_TOKENS = "pagedserve_scheduled_tokens_total"
 
 
 def body(index: int, max_tokens: int) -> dict:
@@ -135,6 +149,27 @@ async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: 
     return statistics.median(ttfts)
 
 
+async def scrape(session: aiohttp.ClientSession, metrics_url: str | None) -> Samples:
+    if metrics_url is None:
+        return {}
+    async with session.get(metrics_url) as response:
+        return parse_prometheus_text(await response.text())
+
+
+def scheduler_means_ms(before: Samples, after: Samples) -> dict[str, float]:
+    """Mean of each SCHEDULER_MEANS histogram over the scrapes' interval (ms), the worker's mean step (ms) and the
+    tokens a step computed; what the interval lacks is left out."""
+    def delta(name: str) -> float:
+        return sum(after.get(name, [])) - sum(before.get(name, []))
+
+    means = {key: 1000 * delta(name + "_sum") / delta(name + "_count")
+             for key, name in SCHEDULER_MEANS.items() if delta(name + "_count")}
+    if steps := delta(STEPS):
+        means["worker_step"] = 1000 * delta(STEP_SECONDS) / steps
+        means["tokens_per_step"] = delta(STEP_TOKENS) / steps
+    return means
+
+
 def cpu_s(pid: int | str) -> float:
     """User + system CPU seconds a process has used (Linux /proc; "self" for this one)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -184,6 +219,7 @@ def summarize(report: OverloadReport, outcomes: list[Outcome]) -> OverloadReport
             report.num_other += 1
     ttfts = sorted(o.ttft_s for o in outcomes if o.status == 200 and o.ttft_s is not None)
     if ttfts:
+        report.accepted_ttft_mean_s = statistics.fmean(ttfts)
         report.accepted_ttft_p50_s = statistics.median(ttfts)
         report.accepted_ttft_p99_s = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
         report.ttft_ratio = report.accepted_ttft_p50_s / report.unloaded_ttft_p50_s
@@ -192,24 +228,27 @@ def summarize(report: OverloadReport, outcomes: list[Outcome]) -> OverloadReport
 
 async def run(base_url: str, duration_s: float, multiple: float, max_tokens: int, capacity_concurrency: int,
               capacity_requests: int, timeout_s: float, pids: dict[str, int],
-              cpu_pids: dict[str, int] | None = None) -> OverloadReport:
+              cpu_pids: dict[str, int] | None = None, metrics_url: str | None = None) -> OverloadReport:
     """The unloaded TTFT, the capacity, then the offered load; RSS of `pids`, CPU of `cpu_pids` (default `pids`)
-    and of this client over the load phase."""
+    and of this client, and the scheduler's means at `metrics_url`, over the load phase."""
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as session:
         unloaded = await unloaded_ttft_p50(session, base_url, 16, max_tokens)
         capacity = await measure_capacity(session, base_url, capacity_concurrency, capacity_requests, max_tokens)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
         cpu_pids = {**(cpu_pids or pids), "client": "self"}
+        metrics_before = await scrape(session, metrics_url)
         cpu_before, start_s = {name: cpu_s(pid) for name, pid in cpu_pids.items()}, time.perf_counter()
         outcomes, peaks = await offered_load(session, base_url, capacity * multiple, duration_s, max_tokens,
                                              timeout_s, pids)
         wall_s = time.perf_counter() - start_s
+        metrics_after = await scrape(session, metrics_url)
         cpu = {name: (cpu_s(pid) - cpu_before[name]) / wall_s for name, pid in cpu_pids.items()}
         after = {name: rss_mib(pid) for name, pid in pids.items()}
     report = OverloadReport(capacity, capacity * multiple, duration_s, unloaded)
     report.rss_mib = {name: {"before": before[name], "peak": peaks[name], "after": after[name]} for name in pids}
     report.cpu_cores = cpu
+    report.scheduler_means_ms = scheduler_means_ms(metrics_before, metrics_after)
     return summarize(report, outcomes)
 
 
@@ -226,18 +265,20 @@ def _service_pids(launcher_pid: int) -> dict[str, int]:
     return pids
 
 
-def _serve(model_dir: str, args: list[str]) -> tuple[subprocess.Popen, str, dict[str, int]]:
-    """`pagedserve serve` on free ports, once /health says 200: (process, base URL, service pids)."""
-    port = free_port()
+def _serve(model_dir: str, args: list[str]) -> tuple[subprocess.Popen, str, dict[str, int], str]:
+    """`pagedserve serve` on free ports, once /health says 200: (process, base URL, service pids, the scheduler's
+    metrics URL)."""
+    port, metrics_port = free_port(), free_port()
     process = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", model_dir, "--port", str(port),
-                                "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), *args],
+                                "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
+                                "--metrics-port", str(metrics_port), *args],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}"
     deadline_s = time.monotonic() + 600
     while time.monotonic() < deadline_s and process.poll() is None:
         try:
             if urllib.request.urlopen(base_url + "/health", timeout=2).status == 200:
-                return process, base_url, _service_pids(process.pid)
+                return process, base_url, _service_pids(process.pid), f"http://127.0.0.1:{metrics_port}/metrics"
         except OSError:
             pass
         time.sleep(0.5)
@@ -257,19 +298,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--capacity-concurrency", type=int, default=32)
     parser.add_argument("--capacity-requests", type=int, default=96)
     parser.add_argument("--timeout-s", type=float, default=120.0, help="a request without an answer by then hung")
+    parser.add_argument("--metrics-url", help="the scheduler's /metrics (with --base-url)")
     parser.add_argument("--pid", action="append", default=[], help="NAME=PID of a service whose RSS to follow")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
     pids = {name: int(pid) for name, pid in (item.split("=", 1) for item in args.pid)}
-    server, base_url = None, args.base_url
+    server, base_url, metrics_url = None, args.base_url, args.metrics_url
     cpu_pids = dict(pids)
     if args.serve:
-        server, base_url, served = _serve(args.serve, args.serve_arg)
+        server, base_url, served, metrics_url = _serve(args.serve, args.serve_arg)
         pids = {**{k: v for k, v in served.items() if k != "worker"}, **pids}  # the worker's RSS is its model
         cpu_pids = {**served, **cpu_pids}
     try:
         report = asyncio.run(run(base_url.rstrip("/"), args.duration_s, args.multiple, args.max_tokens,
-                                 args.capacity_concurrency, args.capacity_requests, args.timeout_s, pids, cpu_pids))
+                                 args.capacity_concurrency, args.capacity_requests, args.timeout_s, pids, cpu_pids,
+                                 metrics_url))
     finally:
         if server is not None:
             server.send_signal(signal.SIGTERM)

@@ -11,7 +11,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from benchmarks.overload import Outcome, OverloadReport, cpu_s, measure_capacity, summarize
+from benchmarks.overload import Outcome, OverloadReport, cpu_s, measure_capacity, scheduler_means_ms, summarize
+from benchmarks.prometheus import parse_prometheus_text
 
 
 def test_outcomes_are_counted_by_kind_and_ttft_is_compared_with_the_unloaded_one():
@@ -24,6 +25,24 @@ def test_outcomes_are_counted_by_kind_and_ttft_is_compared_with_the_unloaded_one
             report.num_429_with_retry_after, report.num_5xx, report.num_hung, report.num_other) == (8, 3, 1, 2, 1, 1,
                                                                                                  1, 1)
     assert report.accepted_ttft_p50_s == pytest.approx(0.3) and report.ttft_ratio == pytest.approx(3.0)
+
+
+def _scrape(ttft_sum: float, ttft_count: int, steps: int, step_s: float, tokens: int) -> dict:
+    return parse_prometheus_text(
+        f'pagedserve_time_to_first_token_seconds_sum{{model_name="m"}} {ttft_sum}\n'
+        f'pagedserve_time_to_first_token_seconds_count{{model_name="m"}} {ttft_count}\n'
+        f'pagedserve_request_queue_time_seconds_sum{{model_name="m"}} {ttft_sum / 2}\n'
+        f'pagedserve_request_queue_time_seconds_count{{model_name="m"}} {ttft_count}\n'
+        f'pagedserve_engine_steps_total{{model_name="m"}} {steps}\n'
+        f'pagedserve_worker_step_seconds_total{{model_name="m"}} {step_s}\n'
+        f'pagedserve_scheduled_tokens_total{{model_name="m"}} {tokens}\n')
+
+
+def test_scheduler_means_cover_the_interval_between_the_scrapes_only():
+    before, after = _scrape(10.0, 100, 1000, 20.0, 5000), _scrape(13.0, 150, 1100, 22.5, 5900)
+    means = scheduler_means_ms(before, after)
+    assert means == pytest.approx({"ttft": 60.0, "queue": 30.0, "worker_step": 25.0, "tokens_per_step": 9.0})
+    assert scheduler_means_ms({}, {}) == {}  # no metrics URL: nothing to report
 
 
 STREAM_S = 0.5
