@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.step_time_model import StepTimeModel
 from shared.request_io import GenerateRequest
 
 _SMOOTHING = 0.2  # weight of the newest step in the moving averages
@@ -54,16 +55,23 @@ class AdmissionConfig:
 
 
 class QueueWaitEstimator:
-    """Moving averages of the step time and of requests finished per step, fed by the engine loop."""
+    """Moving averages of the step time and of requests finished per step, and the step time by a step's size, fed
+    by the engine loop."""
 
     def __init__(self) -> None:
         self.step_time_s: float | None = None  # None until a step ran
         self.finishes_per_step: float | None = None  # among steps with running requests; None until one finished
+        self.step_model = StepTimeModel()
 
-    def record_step(self, duration_s: float, num_finished: int) -> None:
+    def record_step(self, duration_s: float, num_finished: int, num_tokens: int = 0) -> None:
         self.step_time_s = _average(self.step_time_s, duration_s)
+        self.step_model.record(num_tokens, duration_s)
         if num_finished or self.finishes_per_step is not None:
             self.finishes_per_step = _average(self.finishes_per_step, float(num_finished))
+
+    def step_s(self, num_tokens: int) -> float | None:
+        """The expected time of a step of `num_tokens` tokens (None until a step ran)."""
+        return self.step_model.predict_s(num_tokens)
 
     def predict_s(self, scheduler: Scheduler, num_in_flight: int = 0) -> float:
         """Seconds a request added now would wait for its first step, with `num_in_flight` steps sent to the worker."""

@@ -211,11 +211,15 @@ class EngineLoop:
             self._wakeup.set()
 
     def _step_ends_in_s(self) -> float:
-        """Seconds until the oldest step in flight is expected back (0 with none out or before a step timed)."""
-        step_time_s = self.admission.estimator.step_time_s
-        if not self._in_flight or step_time_s is None:
+        """Seconds until the oldest step in flight is expected back, by its size (0 with none out or before a step
+        timed)."""
+        if not self._in_flight:
             return 0.0
-        started_s = max(self._in_flight[0].sent_s, self._last_reply_s)
+        oldest = self._in_flight[0]
+        step_time_s = self.admission.estimator.step_s(oldest.scheduled.step_input.total_num_scheduled_tokens)
+        if step_time_s is None:
+            return 0.0
+        started_s = max(oldest.sent_s, self._last_reply_s)
         return max(0.0, started_s + step_time_s - time.perf_counter())
 
     def _forget(self, req_id: str) -> bool:
@@ -318,7 +322,8 @@ class EngineLoop:
         self._last_reply_s = now_s
         self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
                                                  output.idle_time_ns if sent.back_to_back else 0)
-        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output))
+        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output),
+                                             sent.scheduled.step_input.total_num_scheduled_tokens)
 
     def _step_span(self, step: StepInput) -> trace.Span:
         """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""

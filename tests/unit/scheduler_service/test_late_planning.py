@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import statistics
 import time
 
 import pytest
 
 import services.scheduler.engine_loop as engine_loop
+from shared.request_io import GenerateRequest
+from shared.sampling_params import SamplingParams
 from tests.unit.scheduler_service.fake_worker import FakeWorkerClient
 from tests.unit.scheduler_service.test_engine_loop import drain, request, running_loop
 
@@ -39,9 +42,17 @@ class TimedWorker(FakeWorkerClient):
                                                       strict=True))
 
 
+class SizedWorker(TimedWorker):
+    """A step takes 10 ms plus 4 ms a token (a 40-token prompt step: 170 ms)."""
+
+    async def step(self, step, step_id, traceparents):
+        self.step_delay_s = 0.01 + 0.004 * step.total_num_scheduled_tokens
+        return await super().step(step, step_id, traceparents)
+
+
 @contextlib.asynccontextmanager
-async def running(late_planning: bool):
-    worker = TimedWorker()
+async def running(late_planning: bool, worker: TimedWorker | None = None):
+    worker = worker or TimedWorker()
     async with running_loop(worker, True, late_planning=late_planning) as (loop, _):
         yield loop, worker
 
@@ -77,3 +88,30 @@ async def test_steps_queue_a_whole_step_ahead_once_arrivals_stop(monkeypatch):
     window = next(i for i, start in enumerate(worker.started) if start - worker.started[0] > 0.3)
     assert worker.queued_s(2, window - 1) < 0.6 * STEP_S  # planned late: queued for the lead only
     assert worker.queued_s(window + 1, len(worker.started)) > 0.8 * STEP_S  # queued as the one before started
+
+
+def prompt_request(req_id: str, seed: int) -> GenerateRequest:
+    """A 40-token prompt of its own (no prefix-cache hit shortens its step)."""
+    return GenerateRequest(req_id, random.Random(seed).sample(range(100), 40), SamplingParams(max_tokens=1))
+
+
+@pytest.mark.asyncio
+async def test_an_arrival_during_a_long_prompt_step_joins_the_next_one():
+    """The plan after a prompt step waits for that step's own expected end, not the average step's."""
+    async with running(True, SizedWorker()) as (loop, worker):
+        long = loop.add_request(request("long", max_tokens=60))
+        for i in range(3):  # decode steps and prompt steps: the model learns what a token costs
+            await next_step_start(worker)
+            await drain(loop.add_request(prompt_request(f"warm-{i}", i)))
+        for _ in range(3):
+            await next_step_start(worker)
+        prompt = loop.add_request(prompt_request("prompt", 99))
+        while not any(r.req_id == "prompt" for r in worker.steps[-1].new_requests):
+            await next_step_start(worker)
+        prompt_step = len(worker.steps)
+        await asyncio.sleep(0.06)  # well inside the 170 ms step, beyond an average step's end
+        await drain(loop.add_request(request("new", max_tokens=2)))
+        first = next(i for i, step in enumerate(worker.steps, 1) if any(r.req_id == "new" for r in step.new_requests))
+        assert first - prompt_step == 1
+        await drain(prompt)
+        await drain(long)
