@@ -3,10 +3,10 @@ Retry-After instead of a queue that grows without bound. Only arrivals are refus
 never dropped for load (preemption recomputes it instead).
 
 The prediction is in steps, turned into seconds by the recent step time:
-- steps in flight: a step the worker is running has half its time left on average, and a step queued behind it
-  (async scheduling) all of it; a new request's first step can only follow them. Under load this is most of the
-  wait, and it grows with the batch (on CPU a step's time grows with its rows), so the bound also keeps the running
-  batch small enough for its steps to be short;
+- steps in flight: the step the worker is running has what its size predicts left (StepTimeModel), a step queued
+  behind it (async scheduling) all of its predicted time; a new request's first step can only follow them. Under
+  load this is most of the wait, and it grows with the batch (on CPU a step's time grows with its rows), so the
+  bound also keeps the running batch small enough for its steps to be short;
 - prompt work ahead: the tokens the waiting requests (and running ones still in their prompt) have left, spread
   over what a step has for prompts (the token budget less one token per running decode);
 - a free slot: with `max_num_seqs` requests running, a new one waits for as many finishes as there are requests
@@ -73,12 +73,14 @@ class QueueWaitEstimator:
         """The expected time of a step of `num_tokens` tokens (None until a step ran)."""
         return self.step_model.predict_s(num_tokens)
 
-    def predict_s(self, scheduler: Scheduler, num_in_flight: int = 0) -> float:
-        """Seconds a request added now would wait for its first step, with `num_in_flight` steps sent to the worker."""
+    def predict_s(self, scheduler: Scheduler, num_in_flight: int = 0, in_flight_s: float | None = None) -> float:
+        """Seconds a request added now would wait for its first step, with `num_in_flight` steps sent to the worker
+        (or, when the caller knows it, `in_flight_s` until they are all back)."""
         if self.step_time_s is None:
             return 0.0
-        in_flight = max(0.0, num_in_flight - 0.5)
-        return (in_flight + max(self._prompt_steps(scheduler), self._slot_steps(scheduler))) * self.step_time_s
+        if in_flight_s is None:
+            in_flight_s = max(0.0, num_in_flight - 0.5) * self.step_time_s
+        return in_flight_s + max(self._prompt_steps(scheduler), self._slot_steps(scheduler)) * self.step_time_s
 
     def _prompt_steps(self, scheduler: Scheduler) -> float:
         waiting = sum(r.num_tokens - r.num_computed_tokens for r in scheduler.waiting)
@@ -108,10 +110,11 @@ class AdmissionControl:
         self.num_refused = 0
 
     def check(self, scheduler: Scheduler, request: GenerateRequest, num_in_flight: int = 0,
-              step_ends_in_s: float = 0.0) -> None:
+              step_ends_in_s: float = 0.0, in_flight_s: float | None = None) -> None:
         """Raises Overloaded when the queue is full or the request would wait longer than the bound;
-        `step_ends_in_s`: when the oldest step in flight is expected back (the earliest the answer can change)."""
-        config, predicted_s = self.config, self.estimator.predict_s(scheduler, num_in_flight)
+        `step_ends_in_s`: when the oldest step in flight is expected back (the earliest the answer can change);
+        `in_flight_s`: when all steps in flight are (see QueueWaitEstimator.predict_s)."""
+        config, predicted_s = self.config, self.estimator.predict_s(scheduler, num_in_flight, in_flight_s)
         waiting_tokens = sum(r.num_tokens for r in scheduler.waiting)
         if len(scheduler.waiting) >= config.max_waiting_requests:
             self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",

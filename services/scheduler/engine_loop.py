@@ -150,7 +150,8 @@ class EngineLoop:
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
         self._last_arrival_s = time.perf_counter()
-        self.admission.check(self.scheduler, request, len(self._in_flight), self._step_ends_in_s())
+        ends_in_s = self._step_ends_in_s()
+        self.admission.check(self.scheduler, request, len(self._in_flight), ends_in_s, self._in_flight_s(ends_in_s))
         self.scheduler.add_request(request)
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[request.req_id] = queue
@@ -221,6 +222,14 @@ class EngineLoop:
             return 0.0
         started_s = max(oldest.sent_s, self._last_reply_s)
         return max(0.0, started_s + step_time_s - time.perf_counter())
+
+    def _in_flight_s(self, oldest_ends_in_s: float) -> float | None:
+        """Seconds until every step in flight is expected back: the oldest's rest, then each one's predicted time."""
+        later = [self.admission.estimator.step_s(sent.scheduled.step_input.total_num_scheduled_tokens)
+                 for sent in list(self._in_flight)[1:]]
+        if None in later or (self._in_flight and self.admission.estimator.step_time_s is None):
+            return None
+        return oldest_ends_in_s + sum(later)
 
     def _forget(self, req_id: str) -> bool:
         self._span_contexts.pop(req_id, None)
