@@ -142,9 +142,10 @@ bench-routing: model redis-server
 
 # Overload (docs/faults.md): short streamed requests at 4x the measured capacity for 60 s on `pagedserve serve`;
 # every request must end 200 or 429 with Retry-After (exit 1 otherwise), and the report gives accepted vs unloaded
-# TTFT, RSS and each process's CPU. OVERLOAD_ARGS: the serve flags (by default a latency-first admission: short
-# queue bound, small batch) and any benchmark flag, e.g. --duration-s 30.
-OVERLOAD_ARGS ?= --serve-arg=--max-queue-wait-s=0.05 --serve-arg=--max-num-seqs=8
+# TTFT, the scheduler's split of it, RSS and each process's CPU. OVERLOAD_ARGS: the serve flags (by default a
+# latency-first admission for a 2-core box: short queue bound, small batch) and any benchmark flag, e.g.
+# --duration-s 30.
+OVERLOAD_ARGS ?= --serve-arg=--max-queue-wait-s=0.05 --serve-arg=--max-num-seqs=4
 bench-overload: model
 	mkdir -p $(BENCH_OUT)
 	$(PY) -m benchmarks.overload --serve $(MODEL_DIR) --duration-s 60 --multiple 4 --out $(BENCH_OUT)/overload.json \
