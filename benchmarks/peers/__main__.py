@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts-per-concurrency", type=int, default=1)
     p.add_argument("--num-warmups", type=int, default=2, help="after each server start, per workload")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the servers in turn this many times and pool each point's rounds: the machine's drift "
+                        "in speed then falls on every server alike")
     p.add_argument("--llama-ctx-per-slot", type=int, default=2048, help="llama-server -c = slots x this")
     p.add_argument("--threads", default=str(default_llama_threads()),
                    help="llama-server -t; default: cores - 1. A list (1,2) runs llama.cpp once per count, as "
@@ -58,7 +61,8 @@ def _header(runs: list[ServerRun], started: str, speeds: dict[str, MachineSpeed]
     lines += [f"  machine {when}: {speed.line()}" for when, speed in speeds.items()]
     for run in runs:
         status = run.error or ("failed points: " + ", ".join(run.failed_points) if run.failed_points else "ok")
-        lines.append(f"  {run.label:<13} from {run.started_at}, {run.duration_s / 60:.1f} min, "
+        name = f"{run.label} #{run.round_index + 1}" if len({r.round_index for r in runs}) > 1 else run.label
+        lines.append(f"  {name:<13} from {run.started_at}, {run.duration_s / 60:.1f} min, "
                      f"concurrencies {','.join(map(str, run.concurrencies))}: {status}")  # fmt: skip
     return "\n".join(lines)
 
@@ -81,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         own_concurrencies=parse_ints(args.pagedserve_concurrencies),
         workloads=tuple(w for w in args.workloads.split(",") if w), num_prompts=args.num_prompts,
         min_prompts=args.min_prompts, prompts_per_concurrency=args.prompts_per_concurrency,
-        num_warmups=args.num_warmups, seed=args.seed,
+        num_warmups=args.num_warmups, seed=args.seed, rounds=args.rounds,
     )  # fmt: skip
     llama_threads = parse_ints(args.threads)
     kinds = server_kinds(labels, llama_threads)
@@ -91,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
     runs: list[ServerRun] = []
     speeds = {} if args.no_run else {"before": measure_speed()}  # the machine before the first server
+    for round_index in range(0 if args.no_run else plan.rounds):
+        runs += [bench_server(kinds[label], options, plan, plan.concurrencies_for(label), round_index)
+                 for label in labels]
     for label in labels:
-        if not args.no_run:
-            runs.append(bench_server(kinds[label], options, plan, plan.concurrencies_for(label)))
         write_server_results(plan, label, plan.concurrencies_for(label), plot=not args.no_plot)
     if speeds:
         speeds["after"] = measure_speed()

@@ -3,11 +3,40 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
+from benchmarks.metrics import LATENCY_METRICS, MetricsConfig, compute_metrics
 from benchmarks.peers.plan import SuitePlan
 from benchmarks.plots import write_plots
-from benchmarks.report import load_result, save_result, sweep_table
+from benchmarks.records import RequestRecord
+from benchmarks.report import load_result, run_records, save_result, sweep_table
+
+
+def pool_rounds(results: list[dict]) -> dict:
+    """One point measured in several rounds (the servers in turn, so that the machine's drift in speed falls on
+    each alike) as one result: every round's requests over the rounds' summed duration, the metrics recomputed
+    with the same percentiles."""
+    if len(results) == 1:
+        return results[0]
+    pooled = copy.deepcopy(results[0])
+    run = pooled["runs"][0]
+    records: list[RequestRecord] = [record for result in results for record in run_records(result["runs"][0])]
+    duration_s = sum(result["runs"][0]["metrics"]["duration_s"] for result in results)
+    run["requests"] = [record.to_json() for record in records]
+    run["metrics"] = compute_metrics(records, duration_s, _metrics_config(run["metrics"]))
+    run["rounds"] = len(results)
+    return pooled
+
+
+def _metrics_config(metrics: dict) -> MetricsConfig:
+    """The percentiles a run's metrics were computed with, read back from their keys (p90_itl_ms, ...)."""
+    names = tuple(name for name in LATENCY_METRICS if f"median_{name}_ms" in metrics)
+    percentiles = sorted({float(match.group(1)) for key in metrics if (match := _PERCENTILE.match(key))})
+    return MetricsConfig(percentile_metrics=names, percentiles=tuple(percentiles))
+
+
+_PERCENTILE = re.compile(r"^p([0-9.]+)_[a-z0-9]+_ms$")
 
 
 def merge_points(results: list[dict], plan: SuitePlan) -> dict:
@@ -30,10 +59,11 @@ def write_server_results(plan: SuitePlan, label: str, concurrencies: tuple[int, 
     """Merge the raw per-point files of one server; returns the merged files (a workload with no points has none)."""
     written, summary = [], []
     for workload in plan.workloads:
-        raw = [p for c in concurrencies if (p := plan.raw_path(label, c, workload)).is_file()]
-        if not raw:
+        points = [[load_result(path) for path in paths] for c in concurrencies
+                  if (paths := plan.raw_paths(label, c, workload))]
+        if not points:
             continue
-        result = merge_points([load_result(p) for p in raw], plan)
+        result = merge_points([pool_rounds(rounds) for rounds in points], plan)
         path = plan.result_path(label, workload)
         save_result(result, path)
         written.append(path)

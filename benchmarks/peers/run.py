@@ -33,19 +33,21 @@ class ServerRun:
     duration_s: float = 0.0
     failed_points: list[str] = field(default_factory=list)  # "workload@concurrency (why)": no result or failures
     error: str | None = None  # the server could not be built, did not start or died
+    round_index: int = 0
 
 
 def bench_server(
-    kind: ServerKind, options: ServerOptions, plan: SuitePlan, concurrencies: tuple[int, ...]
+    kind: ServerKind, options: ServerOptions, plan: SuitePlan, concurrencies: tuple[int, ...], round_index: int = 0
 ) -> ServerRun:
     """Never raises for a server that fails: the run records it and the other servers still run."""
-    run = ServerRun(kind.label, concurrencies, time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    run = ServerRun(kind.label, concurrencies, time.strftime("%Y-%m-%d %H:%M:%S %Z"), round_index=round_index)
     started_s = time.monotonic()
     try:
         kind.prepare(options)
         groups = [(c,) for c in concurrencies] if kind.restart_per_concurrency else [concurrencies]
         for group in groups:
-            log_path = plan.out_dir / "logs" / f"{kind.label}-c{'-'.join(map(str, group))}.log"
+            suffix = f"-round{round_index}" if round_index else ""
+            log_path = plan.out_dir / "logs" / f"{kind.label}-c{'-'.join(map(str, group))}{suffix}.log"
             with ServerProcess(kind.spec(options, max(group)), log_path) as server:
                 target = Target(kind.label, server.spec.base_url, server.model_name(), str(options.model_dir),
                                 server.spec.metrics_url)
@@ -65,8 +67,8 @@ def _run_group(server: ServerProcess, target: Target, plan: SuitePlan, group: tu
             warmed.add(workload)
             print(f"[{target.label}] {workload} at concurrency {concurrency}: {plan.prompts_for(concurrency)} prompts",
                   flush=True)  # fmt: skip
-            rc = bench_main(point_argv(target, plan, workload, concurrency, num_warmups))
-            problem = point_problem(rc, plan.raw_path(target.label, concurrency, workload))
+            rc = bench_main(point_argv(target, plan, workload, concurrency, num_warmups, run.round_index))
+            problem = point_problem(rc, plan.raw_path(target.label, concurrency, workload, run.round_index))
             if problem:
                 run.failed_points.append(f"{workload}@{concurrency} ({problem})")
             if server.process.poll() is not None:
@@ -81,9 +83,10 @@ def point_problem(rc: int, path: Path) -> str | None:
     return f"{failed} requests failed" if failed else None
 
 
-def point_argv(target: Target, plan: SuitePlan, workload: str, concurrency: int, num_warmups: int) -> list[str]:
+def point_argv(target: Target, plan: SuitePlan, workload: str, concurrency: int, num_warmups: int,
+               round_index: int = 0) -> list[str]:
     """The suite's own `serve` flags for one workload at one concurrency; plots are drawn after merging."""
-    raw = plan.raw_path(target.label, concurrency, workload)
+    raw = plan.raw_path(target.label, concurrency, workload, round_index)
     args = suite_parser().parse_args([
         "--base-url", target.base_url, "--model", target.model, "--label", target.label,
         "--out-dir", str(raw.parent), "--tokenizer", target.tokenizer, "--concurrencies", str(concurrency),

@@ -1,7 +1,9 @@
 """The peers runner (`make bench`, `make bench-peers`) driven against fake servers started as real processes."""
 
+import itertools
 import json
 import socket
+import statistics
 import sys
 from pathlib import Path
 
@@ -127,3 +129,22 @@ def test_runs_each_server_merges_points_and_compares(tmp_path):
     assert "== random ==" in table and "ps/peer" in table
     rows = [line for line in table.splitlines() if "median TTFT ms" in line]
     assert [line.split()[0] for line in rows] == ["1", "2"]
+
+
+def test_rounds_alternate_the_servers_and_each_point_pools_its_rounds(tmp_path):
+    plan = SuitePlan(tmp_path, concurrencies=(1,), workloads=("random",), min_prompts=3, num_warmups=0, rounds=2)
+    options = ServerOptions(MODEL_DIR, tmp_path / "peers")
+    kinds = [ServerKind("pagedserve", fake_spec("pagedserve")), ServerKind("peer", fake_spec("peer"))]
+    runs = [bench_server(kind, options, plan, plan.concurrencies, r) for r in range(plan.rounds) for kind in kinds]
+    assert [(run.label, run.round_index, run.error, run.failed_points) for run in runs] == [
+        ("pagedserve", 0, None, []), ("peer", 0, None, []), ("pagedserve", 1, None, []), ("peer", 1, None, [])]
+    rounds = [json.loads(path.read_text()) for path in plan.raw_paths("peer", 1, "random")]
+    assert len(rounds) == 2
+    write_server_results(plan, "peer", plan.concurrencies, plot=False)
+    pooled = json.loads((tmp_path / "peer-random.json").read_text())["runs"][0]
+    assert pooled["rounds"] == 2 and pooled["metrics"]["completed"] == 6
+    assert pooled["metrics"]["duration_s"] == pytest.approx(sum(r["runs"][0]["metrics"]["duration_s"] for r in rounds))
+    gaps = sorted(b - a for r in rounds for request in r["runs"][0]["requests"]
+                  for a, b in itertools.pairwise(request["chunk_times_s"]))
+    assert pooled["metrics"]["median_itl_ms"] == pytest.approx(1000 * statistics.median(gaps), rel=1e-6)
+    assert set(pooled["metrics"]) == set(rounds[0]["runs"][0]["metrics"])  # the same percentiles and fields
