@@ -85,13 +85,17 @@ def _dataset(args: argparse.Namespace) -> DatasetConfig:
     )
 
 
-def _run_options(args: argparse.Namespace, endpoint: EndpointConfig) -> RunOptions:
-    goodput = dict(_slo(item) for item in args.goodput or [])
-    metrics = MetricsConfig(
+def metrics_config(args: argparse.Namespace) -> MetricsConfig:
+    """What a run's metrics compute, from its flags (or from a saved result's `contract["args"]`)."""
+    return MetricsConfig(
         percentile_metrics=tuple(name.strip() for name in args.percentile_metrics.split(",") if name.strip()),
         percentiles=tuple(float(p) for p in args.metric_percentiles.split(",") if p.strip()),
-        goodput_slos_ms=goodput,
+        goodput_slos_ms=dict(_slo(item) for item in args.goodput or []),
     )
+
+
+def _run_options(args: argparse.Namespace, endpoint: EndpointConfig) -> RunOptions:
+    metrics = metrics_config(args)
     metrics_url = None if args.no_server_metrics else args.metrics_url or endpoint.base_url.rstrip("/") + "/metrics"
     return RunOptions(metrics, metrics_url, args.metrics_interval, not args.disable_tqdm)
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.prometheus import Samples, parse_prometheus_text
+from benchmarks.prometheus import Samples, scrape
 from services.ports import free_port
 
 SHORT_PROMPTS = ["Name a color.", "What is two plus two?", "Say hello in French.", "Name a fruit.",
@@ -149,16 +149,11 @@ async def unloaded_ttft_p50(session: aiohttp.ClientSession, base_url: str, num: 
     return statistics.median(ttfts)
 
 
-async def scrape(session: aiohttp.ClientSession, metrics_url: str | None) -> Samples:
-    if metrics_url is None:
-        return {}
-    async with session.get(metrics_url) as response:
-        return parse_prometheus_text(await response.text())
-
-
-def scheduler_means_ms(before: Samples, after: Samples) -> dict[str, float]:
+def scheduler_means_ms(before: Samples | None, after: Samples | None) -> dict[str, float]:
     """Mean of each SCHEDULER_MEANS histogram over the scrapes' interval (ms), the worker's mean step (ms) and the
-    tokens a step computed; what the interval lacks is left out."""
+    tokens a step computed; what the interval lacks (or a scrape that got nothing) is left out."""
+    before, after = before or {}, after or {}
+
     def delta(name: str) -> float:
         return sum(after.get(name, [])) - sum(before.get(name, []))
 
@@ -237,12 +232,12 @@ async def run(base_url: str, duration_s: float, multiple: float, max_tokens: int
         capacity = await measure_capacity(session, base_url, capacity_concurrency, capacity_requests, max_tokens)
         before = {name: rss_mib(pid) for name, pid in pids.items()}
         cpu_pids = {**(cpu_pids or pids), "client": "self"}
-        metrics_before = await scrape(session, metrics_url)
+        metrics_before = await scrape(session, metrics_url) if metrics_url else None
         cpu_before, start_s = {name: cpu_s(pid) for name, pid in cpu_pids.items()}, time.perf_counter()
         outcomes, peaks = await offered_load(session, base_url, capacity * multiple, duration_s, max_tokens,
                                              timeout_s, pids)
         wall_s = time.perf_counter() - start_s
-        metrics_after = await scrape(session, metrics_url)
+        metrics_after = await scrape(session, metrics_url) if metrics_url else None
         cpu = {name: (cpu_s(pid) - cpu_before[name]) / wall_s for name, pid in cpu_pids.items()}
         after = {name: rss_mib(pid) for name, pid in pids.items()}
     report = OverloadReport(capacity, capacity * multiple, duration_s, unloaded)

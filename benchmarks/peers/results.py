@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
-import re
 from pathlib import Path
 
-from benchmarks.metrics import LATENCY_METRICS, MetricsConfig, compute_metrics
+from benchmarks.cli_config import metrics_config
+from benchmarks.metrics import compute_metrics
 from benchmarks.peers.plan import SuitePlan
 from benchmarks.plots import write_plots
 from benchmarks.records import RequestRecord
@@ -16,7 +17,7 @@ from benchmarks.report import load_result, run_records, save_result, sweep_table
 def pool_rounds(results: list[dict]) -> dict:
     """One point measured in several rounds (the servers in turn, so that the machine's drift in speed falls on
     each alike) as one result: every round's requests over the rounds' summed duration, the metrics recomputed
-    with the same percentiles."""
+    with the flags the rounds ran with."""
     if len(results) == 1:
         return results[0]
     pooled = copy.deepcopy(results[0])
@@ -24,19 +25,10 @@ def pool_rounds(results: list[dict]) -> dict:
     records: list[RequestRecord] = [record for result in results for record in run_records(result["runs"][0])]
     duration_s = sum(result["runs"][0]["metrics"]["duration_s"] for result in results)
     run["requests"] = [record.to_json() for record in records]
-    run["metrics"] = compute_metrics(records, duration_s, _metrics_config(run["metrics"]))
+    flags = argparse.Namespace(**pooled["contract"]["args"])
+    run["metrics"] = compute_metrics(records, duration_s, metrics_config(flags))
     run["rounds"] = len(results)
     return pooled
-
-
-def _metrics_config(metrics: dict) -> MetricsConfig:
-    """The percentiles a run's metrics were computed with, read back from their keys (p90_itl_ms, ...)."""
-    names = tuple(name for name in LATENCY_METRICS if f"median_{name}_ms" in metrics)
-    percentiles = sorted({float(match.group(1)) for key in metrics if (match := _PERCENTILE.match(key))})
-    return MetricsConfig(percentile_metrics=names, percentiles=tuple(percentiles))
-
-
-_PERCENTILE = re.compile(r"^p([0-9.]+)_[a-z0-9]+_ms$")
 
 
 def merge_points(results: list[dict], plan: SuitePlan) -> dict:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from dataclasses import dataclass
@@ -83,6 +84,10 @@ class InFlight:
     sent_s: float  # time.perf_counter() when it was sent
     back_to_back: bool  # sent right after the previous step without the loop idling: the worker's wait counts
     span: trace.Span | None  # the step's own span (every trace_step_interval'th step), until it ends
+
+    @property
+    def num_tokens(self) -> int:
+        return self.scheduled.step_input.total_num_scheduled_tokens
 
     def end_span(self) -> None:
         if self.span is not None:
@@ -217,19 +222,17 @@ class EngineLoop:
         if not self._in_flight:
             return 0.0
         oldest = self._in_flight[0]
-        step_time_s = self.admission.estimator.step_s(oldest.scheduled.step_input.total_num_scheduled_tokens)
+        step_time_s = self.admission.estimator.step_s(oldest.num_tokens)
         if step_time_s is None:
             return 0.0
         started_s = max(oldest.sent_s, self._last_reply_s)
         return max(0.0, started_s + step_time_s - time.perf_counter())
 
-    def _in_flight_s(self, oldest_ends_in_s: float) -> float | None:
-        """Seconds until every step in flight is expected back: the oldest's rest, then each one's predicted time."""
-        later = [self.admission.estimator.step_s(sent.scheduled.step_input.total_num_scheduled_tokens)
-                 for sent in list(self._in_flight)[1:]]
-        if None in later or (self._in_flight and self.admission.estimator.step_time_s is None):
-            return None
-        return oldest_ends_in_s + sum(later)
+    def _in_flight_s(self, oldest_ends_in_s: float) -> float:
+        """Seconds until every step in flight is expected back: the oldest's rest, then each one's predicted time
+        (0 before a step was timed, when admission predicts no wait anyway)."""
+        queued = itertools.islice(self._in_flight, 1, None)
+        return oldest_ends_in_s + sum(self.admission.estimator.step_s(sent.num_tokens) or 0.0 for sent in queued)
 
     def _forget(self, req_id: str) -> bool:
         self._span_contexts.pop(req_id, None)
@@ -331,8 +334,7 @@ class EngineLoop:
         self._last_reply_s = now_s
         self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
                                                  output.idle_time_ns if sent.back_to_back else 0)
-        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output),
-                                             sent.scheduled.step_input.total_num_scheduled_tokens)
+        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output), sent.num_tokens)
 
     def _step_span(self, step: StepInput) -> trace.Span:
         """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""
