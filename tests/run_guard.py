@@ -1,10 +1,13 @@
 """Keeps a long suite run diagnosable when it is cut short: failures are named the moment they happen (a run killed
-for time or memory still says what failed), and the runner's own memory is bounded (a run that would be killed by
-the kernel stops instead, naming the test after which the bound was crossed)."""
+for time or memory still says what failed), a SIGTERM (a time limit around the run: `timeout` signals its whole
+process group) is named with the test it interrupted before the runner dies of it, and the runner's own memory is
+bounded (a run that would be killed by the kernel stops instead, naming the test after which the bound was crossed)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 import pytest
 
@@ -13,7 +16,7 @@ import pytest
 MAX_RUNNER_RSS_BYTES = int(os.environ.get("PAGEDSERVE_TEST_MAX_RSS_GIB", "10")) * 1024**3
 REPORT_STEP_BYTES = 2 * 1024**3  # a line each time the runner's memory passes another multiple of this
 
-_state = {"config": None, "reported_bytes": REPORT_STEP_BYTES}
+_state = {"config": None, "reported_bytes": REPORT_STEP_BYTES, "running": "no test (collection or teardown)"}
 
 
 def rss_bytes(pid: int | str = "self") -> int:
@@ -28,8 +31,28 @@ def _say(line: str) -> None:
         reporter.write_line(line)
 
 
+def _die_naming_the_test(signum: int, frame) -> None:
+    """Says which test the signal cut, then dies of the signal as the runner would have (exit status 128 + signum)."""
+    plugins = _state["config"].pluginmanager
+    capture = plugins.get_plugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)  # during a test, stdout is the test's capture, lost with the process
+    _say(f"\nthe test runner got {signal.Signals(signum).name} during {_state['running']}: stopping")
+    reporter = plugins.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.flush()  # the signal ends the process before its buffered output would be written
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _state["config"] = config
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _die_naming_the_test)
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _state["running"] = nodeid
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -74,8 +74,6 @@ def _exit_on_signal(signum: int, frame) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _exit_on_signal)
     labels = [label.strip() for label in args.servers.split(",") if label.strip()]
     unknown = set(labels) - set(SERVER_KINDS)
     if unknown:
@@ -115,5 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(run.error or run.failed_points for run in runs if run.label == "pagedserve") else 0
 
 
+def _unwind_on_signals() -> None:
+    """Process-wide, so only the command installs it: a caller running main() in its own process (a test runner)
+    keeps its own handlers."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
+
+
 if __name__ == "__main__":
+    _unwind_on_signals()
     raise SystemExit(main())

@@ -1,6 +1,7 @@
 """The machine-speed probe that `make bench` / `make bench-peers` run before and after the suite."""
 
 import json
+import signal
 
 import torch
 
@@ -39,7 +40,10 @@ def test_the_suite_probes_the_machine_before_and_after(tmp_path, monkeypatch, ca
     monkeypatch.setattr(peers_main, "measure_speed", lambda: next(speeds))
     argv = ["--servers", "pagedserve", "--model-dir", str(MODEL_DIR), "--out-dir", str(tmp_path), "--concurrencies",
             "1", "--workloads", "random", "--min-prompts", "2", "--num-warmups", "0", "--no-plot"]
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
     assert peers_main.main(argv) == 0
+    # main() in-process leaves the caller's handlers alone (a SIGTERM to the test runner used to become SystemExit 143)
+    assert {signum: signal.getsignal(signum) for signum in handlers} == handlers
     out = capsys.readouterr().out
     assert "machine before: fp32 GEMM 50 GFLOP/s on 1 thread, 70 on 2 (1.40x), at t0" in out
     assert "machine after: fp32 GEMM 55 GFLOP/s on 1 thread, 110 on 2 (2.00x), at t1" in out

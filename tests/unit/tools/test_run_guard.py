@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,16 @@ def test_the_runner_stops_when_its_memory_passes_the_bound(tmp_path):
     assert "GiB after test_canary.py::test_passes" in result.stdout
     assert "stopping before the machine runs out" in result.stdout
     assert "1 passed" in result.stdout and "failed" not in result.stdout  # nothing ran after the first test
+
+
+def test_a_sigterm_names_the_test_it_cut(tmp_path):
+    """A time limit around the run (`timeout` signals the whole group) must say where the run was, then end it."""
+    (tmp_path / "test_killed.py").write_text(
+        "import os, signal\n\ndef test_passes():\n    pass\n\n"
+        "def test_cut():\n    os.kill(os.getpid(), signal.SIGTERM)\n\ndef test_after():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.run_guard",
+                             "--rootdir", str(tmp_path), str(tmp_path)], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=120)
+    assert result.returncode == -signal.SIGTERM, result.stdout + result.stderr
+    assert "the test runner got SIGTERM during test_killed.py::test_cut: stopping" in result.stdout
