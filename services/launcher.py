@@ -25,7 +25,7 @@ from typing import IO
 
 import httpx
 
-from services.gateway.drain import CUT_GRACE_S
+from services.gateway.http.drain import CUT_GRACE_S
 from services.healthcheck import grpc_serving
 from services.ports import PortInUseError, free_port, port_is_free
 from services.serve_config import (
