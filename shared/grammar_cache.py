@@ -1,10 +1,8 @@
-"""Grammar-constrained decoding on the worker (xgrammar): compiled grammars cached by key, one matcher per request.
+"""Grammars compiled with xgrammar for one model's vocabulary, cached by the structured output's key (LRU).
 
-Compiles run on a small thread pool (xgrammar's compiler releases the GIL), never on the step thread: the scheduler
-admits a constrained request only once PrepareGrammar has answered, so its first step finds the grammar compiled.
-A request's matcher lives in its mirror: created with the mirror (replaying the outputs of a preempted request, so
-recompute continues from the same grammar state), advanced by every token the worker samples for it, and dropped
-with the mirror when the request finishes or is preempted.
+Shared by the worker (which constrains decoding with them) and the gateway's grammar checker (which compiles each new
+grammar once in a child process before a request carries it, so that one that does not compile is a 400 there).
+Compiles run on a small thread pool (xgrammar's compiler releases the GIL), never on the worker's step thread.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 
 import xgrammar as xgr
 
@@ -160,30 +157,3 @@ def _first_line(exc: BaseException) -> str:
     """xgrammar's messages start with a '[time] file:line:' prefix and may span lines: keep the reason."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text.split(": ", 1)[1] if text.startswith("[") and ": " in text else text
-
-
-@dataclass
-class RequestGrammar:
-    """One request's position in its grammar."""
-
-    matcher: xgr.GrammarMatcher
-    ended: bool = False  # the grammar is done and the request goes on (ignore_eos, min_tokens): no more masking
-
-    @classmethod
-    def start(cls, compiled: xgr.CompiledGrammar, output_token_ids: list[int]) -> RequestGrammar:
-        """A matcher at the request's current position: the outputs it already has (after a preemption) are
-        replayed, so the recompute continues exactly where the request was."""
-        grammar = cls(xgr.GrammarMatcher(compiled))
-        for token_id in output_token_ids:
-            grammar.advance(token_id)
-        return grammar
-
-    @property
-    def constrains(self) -> bool:
-        return not self.ended and not self.matcher.is_terminated()
-
-    def advance(self, token_id: int) -> None:
-        """Feed a sampled token. A token the grammar refuses can only come after the grammar ended."""
-        if self.constrains and not self.matcher.accept_token(token_id):
-            log.warning("the grammar refused token %d; the rest of the output is unconstrained", token_id)
-            self.ended = True

@@ -17,9 +17,10 @@ from services.gateway.http.admission import Admission
 from services.gateway.http.errors import OpenAIError
 from services.gateway.http.metrics import GatewayMetrics
 from services.gateway.routing.prefix_mirror import PrefixMirror
+from services.gateway.routing.replica_gauges import ReplicaStateCollector
 from services.gateway.routing.replicas import ReplicaSet
 from services.gateway.routing.router import Router, RouterConfig
-from services.gateway.routing.router_metrics import ReplicaStateCollector, RouterMetrics
+from services.gateway.routing.router_metrics import RouterMetrics
 from services.gateway.structured.grammar_check import GrammarChecker
 from services.gateway.structured.structured_outputs import Constraint
 from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong

@@ -17,10 +17,9 @@ import uvicorn
 
 from services.gateway.http.admission import Admission
 from services.gateway.http.errors import OpenAIError
+from shared.drain_timing import CUT_GRACE_S
 
 log = logging.getLogger(__name__)
-
-CUT_GRACE_S = 5.0  # after the cut: time for the error events to reach their clients
 
 
 class DrainingServer(uvicorn.Server):

@@ -21,7 +21,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from services.gateway.routing.replicas import Replica
 
 RoutingPolicy = Literal["prefix", "least-load", "round-robin"]
 
@@ -70,3 +73,12 @@ def choose_least_load(candidates: Sequence[Candidate], turn: int) -> Choice:
 def choose_round_robin(candidates: Sequence[Candidate], turn: int) -> Choice:
     best = turn % len(candidates)
     return Choice(best, candidates[best].cached_blocks, False)
+
+
+@dataclass
+class Route:
+    """The router's decision for one scheduler request: the replica and why (the policy's choice)."""
+
+    replica: Replica
+    choice: Choice
+    num_prompt_tokens: int

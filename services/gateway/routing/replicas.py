@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from services.gateway.routing.replica_addresses import Target, resolve
-from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import GenerateRequest, RequestOutput
+from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import ModelDescription
 
 log = logging.getLogger(__name__)

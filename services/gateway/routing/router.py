@@ -24,6 +24,7 @@ from services.gateway.http.errors import OpenAIError, admit_after_s
 from services.gateway.routing.policy import (
     Candidate,
     Choice,
+    Route,
     RoutingPolicy,
     choose_by_prefix,
     choose_least_load,
@@ -46,13 +47,6 @@ class RouterConfig:
     policy: RoutingPolicy = "prefix"
     load_cost_tokens: int = 128  # W in routing.py: prompt tokens one queued request is worth
     pending_ttl_s: float = 10.0  # a prompt sent to a replica counts as cached there this long (until published)
-
-
-@dataclass
-class Route:
-    replica: Replica
-    choice: Choice
-    num_prompt_tokens: int
 
 
 class PendingPrefixes:

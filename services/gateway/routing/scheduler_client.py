@@ -14,8 +14,8 @@ from services.internal_auth import token_metadata
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.scheduler_contract import generate_request_to_pb, output_from_chunk, stats_from_pb
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import GenerateRequest, RequestOutput
+from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import ModelDescription
 from shared.tracing import outgoing_metadata
 

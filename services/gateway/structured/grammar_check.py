@@ -127,7 +127,7 @@ def _serve(model_dir: str, vocab_size: int, stop_token_ids: tuple[int, ...]) -> 
     _die_with_parent()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    from services.gpu_worker.grammar import GrammarCache, GrammarError
+    from shared.grammar_cache import GrammarCache, GrammarError
 
     cache = GrammarCache(model_dir, vocab_size, stop_token_ids, max_cached_bytes=0, num_threads=1)
     cache.get(StructuredOutput(StructuredOutputKind.JSON_OBJECT, ""))  # loads the tokenizer before answering
@@ -155,7 +155,7 @@ def _die_with_parent() -> None:
 
 def _compiled_kind(cache, structured: StructuredOutput) -> StructuredOutputKind:
     """A `grammar` that is not EBNF may be Lark (vLLM takes both under one name)."""
-    from services.gpu_worker.grammar import GrammarError
+    from shared.grammar_cache import GrammarError
 
     try:
         cache.get(structured)

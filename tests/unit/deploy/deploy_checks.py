@@ -612,7 +612,7 @@ def metric_names() -> frozenset[str]:
     from services.gateway.http.metrics import GatewayMetrics
     from services.gateway.routing.router_metrics import RouterMetrics
     from services.scheduler.metrics import SchedulerMetrics
-    from services.scheduler.scheduler_stats import STATS_FIELDS
+    from shared.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}

@@ -9,7 +9,8 @@ import pytest
 from services.gateway.api.protocol import ChatCompletionRequest
 from services.gateway.http.errors import OpenAIError
 from services.gateway.structured.tools import format_call, template_messages, tool_constraint, tool_plan_of
-from services.gpu_worker.grammar import GrammarCache, RequestGrammar
+from services.gpu_worker.grammar import RequestGrammar
+from shared.grammar_cache import GrammarCache
 from tests.unit.gateway.conftest import MODEL_DIR
 
 WEATHER = {"type": "function", "function": {
