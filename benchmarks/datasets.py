@@ -1,4 +1,6 @@
-"""Benchmark requests: synthetic (random, shared-prefix) or read from files (sharegpt, custom)."""
+"""Benchmark requests and their dataset config; the synthetic datasets (random, shared-prefix).
+
+benchmarks/dataset_builder.py picks between these and the file datasets (dataset_files.py)."""
 
 import math
 from dataclasses import dataclass, replace
@@ -64,21 +66,6 @@ def sample_lengths(rng: np.random.Generator, mean_len: int, range_ratio: float, 
     low = max(1, math.floor(round(mean_len * (1 - range_ratio), 9)))
     high = max(low, math.ceil(round(mean_len * (1 + range_ratio), 9)))
     return rng.integers(low, high + 1, size=num)
-
-
-def build_dataset(cfg: DatasetConfig, tokenizer: BenchTokenizer | None, seed: int) -> list[BenchRequest]:
-    rng = np.random.default_rng(seed)
-    if cfg.name in ("random", "shared-prefix"):
-        if tokenizer is None:
-            raise ValueError(f"--dataset-name {cfg.name} needs a tokenizer: pass --tokenizer (a Hugging Face "
-                             "tokenizer folder); the server's /v1/models named no model folder on this machine")
-        pool = TokenPool.from_tokenizer(tokenizer)
-        build = build_random if cfg.name == "random" else build_shared_prefix
-        return build(cfg, tokenizer, pool, rng)
-    from benchmarks.dataset_files import load_custom, load_sharegpt
-
-    load = load_sharegpt if cfg.name == "sharegpt" else load_custom
-    return load(cfg, tokenizer, rng)
 
 
 def build_random(

@@ -8,7 +8,8 @@ import aiohttp
 
 from benchmarks.client import make_http_client
 from benchmarks.contract import machine_info
-from benchmarks.datasets import DatasetConfig, build_dataset
+from benchmarks.dataset_builder import build_dataset
+from benchmarks.datasets import DatasetConfig
 from benchmarks.discovery import resolve
 from benchmarks.load import LoadPoint
 from benchmarks.payload import EndpointConfig, mark_constrained

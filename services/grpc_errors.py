@@ -43,7 +43,7 @@ _CODES = {
     "services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
     "services.grpc_errors.RequestFailed": grpc.StatusCode.INTERNAL,
     "services.scheduler.admission.Overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "services.gpu_worker.grammar.GrammarError": grpc.StatusCode.INVALID_ARGUMENT,
+    "shared.grammar_cache.GrammarError": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 

@@ -25,7 +25,6 @@ from typing import IO
 
 import httpx
 
-from services.gateway.drain import CUT_GRACE_S
 from services.healthcheck import grpc_serving
 from services.ports import PortInUseError, free_port, port_is_free
 from services.serve_config import (
@@ -37,6 +36,7 @@ from services.serve_config import (
 )
 from services.serve_replicas import child_plans, replica_configs
 from shared.cli_config import flag_name
+from shared.drain_timing import CUT_GRACE_S
 from shared.model_dir import model_dir_problem
 
 _PR_SET_PDEATHSIG = 1

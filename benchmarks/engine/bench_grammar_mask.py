@@ -16,9 +16,10 @@ import time
 import torch
 from transformers import AutoTokenizer
 
-from services.gpu_worker.grammar import GrammarCache, RequestGrammar
+from services.gpu_worker.grammar import RequestGrammar
 from services.gpu_worker.grammar_mask import build_grammar_mask
 from services.gpu_worker.model_config import load_model_config
+from shared.grammar_cache import GrammarCache
 from shared.structured_output import StructuredOutput, StructuredOutputKind
 
 SCHEMA = {"type": "object", "properties": {

@@ -14,8 +14,8 @@ import statistics
 import time
 from collections.abc import Callable
 
-from services.gateway.detokenizer import IncrementalDetokenizer
-from services.gateway.stop_strings import StopStringMatcher
+from services.gateway.text.detokenizer import IncrementalDetokenizer
+from services.gateway.text.stop_strings import StopStringMatcher
 from services.proto_convert.scheduler_contract import output_from_chunk, output_to_chunk
 from services.proto_convert.worker_contract import (
     step_input_from_pb,

@@ -18,10 +18,10 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from services.gateway.prefix_mirror import InstanceView, ReplicaLoad
-from services.gateway.replicas import Replica, ReplicaIdentity, ReplicaSet
-from services.gateway.router import Router, RouterConfig
-from services.gateway.router_metrics import RouterMetrics
+from services.gateway.routing.prefix_mirror import InstanceView, ReplicaLoad
+from services.gateway.routing.replicas import Replica, ReplicaIdentity, ReplicaSet
+from services.gateway.routing.router import Router, RouterConfig
+from services.gateway.routing.router_metrics import RouterMetrics
 from shared.block_hashes import prompt_block_keys
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams

@@ -8,18 +8,19 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from services.gateway.api.sampling import load_generation_defaults
+from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
-from services.gateway.drain import CUT_GRACE_S, DrainingServer
-from services.gateway.prefix_mirror import PrefixMirror
-from services.gateway.replica_addresses import parse_targets
-from services.gateway.replicas import ReplicaSet
-from services.gateway.sampling import load_generation_defaults
-from services.gateway.scheduler_client import SchedulerClient
-from services.gateway.serving import Serving
-from services.gateway.tokenizer import NO_TEMPLATE, PromptTokenizer
+from services.gateway.http.drain import DrainingServer
+from services.gateway.routing.prefix_mirror import PrefixMirror
+from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.routing.replicas import ReplicaSet
+from services.gateway.routing.scheduler_client import SchedulerClient
+from services.gateway.text.tokenizer import NO_TEMPLATE, PromptTokenizer
 from services.ports import PortInUseError, port_is_free
 from shared.cli_config import parse_config
+from shared.drain_timing import CUT_GRACE_S
 from shared.log_setup import setup_logging
 from shared.model_dir import model_dir_problem
 from shared.tracing import setup_tracing, shutdown_tracing

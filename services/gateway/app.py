@@ -13,16 +13,16 @@ from importlib import metadata
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from services.gateway.admission import AdmissionGate, draining_error
-from services.gateway.body_limit import BodyLimit
-from services.gateway.chat import create_chat_completion, template_args
-from services.gateway.completions import create_completion
-from services.gateway.cors import add_cors
-from services.gateway.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
-from services.gateway.openapi_schema import install_openapi
-from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from services.gateway.serving import Serving
-from services.gateway.tools import template_messages
+from services.gateway.api.chat import create_chat_completion, template_args
+from services.gateway.api.completions import create_completion
+from services.gateway.api.openapi_schema import install_openapi
+from services.gateway.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from services.gateway.api.serving import Serving
+from services.gateway.http.admission import AdmissionGate, draining_error
+from services.gateway.http.body_limit import BodyLimit
+from services.gateway.http.cors import add_cors
+from services.gateway.http.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
+from services.gateway.structured.tools import template_messages
 
 _REQ_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # safe inside Redis keys and span attributes
 _PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")

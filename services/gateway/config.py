@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from services.gateway.chat_template import load_chat_template
-from services.gateway.cors import parse_list
-from services.gateway.replica_addresses import parse_targets
-from services.gateway.routing import RoutingPolicy
+from services.gateway.http.cors import parse_list
+from services.gateway.routing.policy import RoutingPolicy
+from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel

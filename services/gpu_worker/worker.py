@@ -19,7 +19,7 @@ from shared.step_protocol import FailedRequest, ModelDescription, NewRequest, St
 from shared.structured_output import StructuredOutput
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar
-    from services.gpu_worker.grammar import GrammarCache
+    from shared.grammar_cache import GrammarCache
 
 
 class Worker:
@@ -37,7 +37,7 @@ class Worker:
     @property
     def grammars(self) -> GrammarCache:
         if self._grammars is None:
-            from services.gpu_worker.grammar import GrammarCache
+            from shared.grammar_cache import GrammarCache
 
             self._grammars = GrammarCache(self.runner.config.model_dir, self.runner.model_config.vocab_size,
                                           self.runner.eos_token_ids)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from services.proto_gen import scheduler_pb2
-from services.scheduler.integrity import IntegrityReport
-from services.scheduler.scheduler_stats import SCALAR_FIELDS, SchedulerStats
+from shared.integrity_report import IntegrityReport
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.scheduler_stats import SCALAR_FIELDS, SchedulerStats
 
 _REASON_TO_PB = {
     None: scheduler_pb2.FINISH_REASON_UNSPECIFIED,

@@ -3,23 +3,12 @@ open streams and the Scheduler's requests (no block held by a request that finis
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the gateway imports the report through the proto converters
+from shared.integrity_report import IntegrityReport
+
+if TYPE_CHECKING:
     from services.scheduler.scheduler import Scheduler
-
-
-@dataclass(frozen=True)
-class IntegrityReport:
-    ok: bool
-    problem: str  # the first check that failed; empty when ok
-    num_blocks: int
-    num_free_blocks: int  # unreferenced, no cached prefix
-    num_cached_blocks: int  # unreferenced, findable in the prefix cache
-    num_used_blocks: int  # referenced by live requests
-    num_live_requests: int
-    worker_incarnation_id: str
 
 
 def check_integrity(scheduler: Scheduler, live_req_ids: set[str]) -> IntegrityReport:

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.scheduler_stats import SchedulerCounters, SchedulerStats
+from services.scheduler.scheduler_counters import SchedulerCounters
 from services.scheduler.stop_checker import check_stop
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import CachedRequest, FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 
 

@@ -29,12 +29,12 @@ from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.redis_state import RedisStateWriter
 from services.scheduler.request_observer import RequestObserver
 from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_stats import redis_fields
 from services.scheduler.service import SchedulerServicer
 from services.scheduler.service_config import SchedulerServiceConfig
 from services.scheduler.worker_client import WorkerClient
 from services.scheduler.worker_monitor import WorkerMonitor
 from shared.redis_url import masked_url
+from shared.scheduler_stats import redis_fields
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.SchedulerService"

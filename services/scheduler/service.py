@@ -20,7 +20,7 @@ from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.integrity import check_integrity
 from services.scheduler.redis_state import NullStateWriter, RedisStateWriter
-from services.scheduler.scheduler_stats import SchedulerStats
+from shared.scheduler_stats import SchedulerStats
 from shared.tracing import gen_ai_request_attributes, get_tracer, incoming_context, record_error, traceparent_of
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.integrity import IntegrityReport
-from services.scheduler.scheduler_stats import SchedulerStats
 from services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
+from shared.integrity_report import IntegrityReport
+from shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
 
 INTERNAL_TOKEN = "fault-suite-internal-token"

@@ -14,7 +14,7 @@ from openai import OpenAI
 from services.internal_auth import token_metadata
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.scheduler_stats import SchedulerStats
+from shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, RedisServer, Stack, TraceCollector, port_is_open, start_stack
 
 STARTUP_TIMEOUT_S = 180

@@ -17,7 +17,7 @@ import httpx
 
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.scheduler_stats import SchedulerStats
+from shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
 
 API_KEY = "fault-suite-api-key-4d1c"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.faults.gateway.stack import API_KEY, AUTH
-from tests.unit.gateway.test_bad_input import CASES, SURROGATE
+from tests.unit.gateway.api.test_bad_input import CASES, SURROGATE
 
 GOOD = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0.0}
 EXTRA = {  # beyond the unit cases: /tokenize, and the two seeds through the official client below

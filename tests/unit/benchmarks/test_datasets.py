@@ -5,7 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from benchmarks.datasets import DatasetConfig, build_dataset, sample_lengths
+from benchmarks.dataset_builder import build_dataset
+from benchmarks.datasets import DatasetConfig, sample_lengths
 
 
 def random_cfg(**kw) -> DatasetConfig:

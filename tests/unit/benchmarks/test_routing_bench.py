@@ -9,7 +9,7 @@ from benchmarks.cli import build_parser
 from benchmarks.routing.bench_router import build_router, prompts_for
 from benchmarks.routing.compare import bench_argv, table
 from benchmarks.routing.compare import build_parser as compare_parser
-from services.gateway.prefix_mirror import ReplicaLoad
+from services.gateway.routing.prefix_mirror import ReplicaLoad
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 

@@ -231,9 +231,9 @@ def check_services(objects: list[dict]) -> list[str]:
 @functools.cache
 def _http_paths(module: str) -> frozenset[str]:
     """The paths the gateway's real app serves."""
+    from services.gateway.api.serving import Serving
     from services.gateway.app import create_app
-    from services.gateway.replicas import ReplicaSet
-    from services.gateway.serving import Serving
+    from services.gateway.routing.replicas import ReplicaSet
 
     assert module == "services.gateway"
     serving = Serving(GatewayConfig(model_dir="unused"), tokenizer=None, replicas=ReplicaSet([], make_client=None),
@@ -609,10 +609,10 @@ def metric_names() -> frozenset[str]:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
-    from services.gateway.metrics import GatewayMetrics
-    from services.gateway.router_metrics import RouterMetrics
+    from services.gateway.http.metrics import GatewayMetrics
+    from services.gateway.routing.router_metrics import RouterMetrics
     from services.scheduler.metrics import SchedulerMetrics
-    from services.scheduler.scheduler_stats import STATS_FIELDS
+    from shared.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}

@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from services.gateway.replica_addresses import Target
-from services.gateway.replicas import Health, ReplicaIdentity, ReplicaSet
+from services.gateway.routing.replica_addresses import Target
+from services.gateway.routing.replicas import Health, ReplicaIdentity, ReplicaSet
 from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.scheduler.scheduler_stats import SchedulerStats
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import ModelDescription, TokenLogprobs
 
 EOS = 2

@@ -11,9 +11,9 @@ import grpc.aio
 import pytest
 from fastapi.testclient import TestClient
 
+from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
-from services.gateway.serving import Serving
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 

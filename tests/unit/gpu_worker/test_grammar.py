@@ -10,10 +10,11 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from services.gpu_worker.grammar import GrammarCache, GrammarError, RequestGrammar, compact_json_in_tag
+from services.gpu_worker.grammar import RequestGrammar
 from services.gpu_worker.grammar_mask import allows_any, build_grammar_mask
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from shared.grammar_cache import GrammarCache, GrammarError, compact_json_in_tag
 from shared.sampling_params import SamplingParams
 from shared.structured_output import StructuredOutput, StructuredOutputKind
 

@@ -23,10 +23,10 @@ from services.proto_convert.worker_contract import (
     traceparents_from_pb,
 )
 from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
-from services.scheduler.integrity import IntegrityReport
-from services.scheduler.scheduler_stats import STATS_FIELDS, SchedulerStats
+from shared.integrity_report import IntegrityReport
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
+from shared.scheduler_stats import STATS_FIELDS, SchedulerStats
 from shared.step_protocol import (
     CachedRequest,
     FailedRequest,

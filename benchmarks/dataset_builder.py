@@ -1,0 +1,22 @@
+"""A benchmark's requests by dataset name: synthetic (random, shared-prefix; datasets.py) or read from files
+(sharegpt, custom; dataset_files.py)."""
+
+import numpy as np
+
+from benchmarks.dataset_files import load_custom, load_sharegpt
+from benchmarks.datasets import BenchRequest, DatasetConfig, build_random, build_shared_prefix
+from benchmarks.prompts import TokenPool
+from benchmarks.tokenizer import BenchTokenizer
+
+
+def build_dataset(cfg: DatasetConfig, tokenizer: BenchTokenizer | None, seed: int) -> list[BenchRequest]:
+    rng = np.random.default_rng(seed)
+    if cfg.name in ("random", "shared-prefix"):
+        if tokenizer is None:
+            raise ValueError(f"--dataset-name {cfg.name} needs a tokenizer: pass --tokenizer (a Hugging Face "
+                             "tokenizer folder); the server's /v1/models named no model folder on this machine")
+        pool = TokenPool.from_tokenizer(tokenizer)
+        build = build_random if cfg.name == "random" else build_shared_prefix
+        return build(cfg, tokenizer, pool, rng)
+    load = load_sharegpt if cfg.name == "sharegpt" else load_custom
+    return load(cfg, tokenizer, rng)

@@ -1,0 +1,112 @@
+"""POST /v1/chat/completions: messages through the chat template, streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from services.gateway.api.generation import ChoiceDelta
+from services.gateway.api.logprobs_format import chat_logprobs
+from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
+from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
+from services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
+from services.gateway.api.serving import Serving
+from services.gateway.api.sse import sse_events
+from services.gateway.api.sse_template import TextChunkTemplate, text_marker
+from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
+from services.gateway.api.usage import usage_of
+from services.gateway.http.errors import OpenAIError
+from services.gateway.structured.chat_tool_calls import StreamedToolCalls, message_of
+from services.gateway.structured.structured_outputs import Constraint, constraint_of
+from services.gateway.structured.tools import ToolPlan, template_messages, tool_constraint, tool_plan_of
+from services.gateway.text.tokenizer import ChatTemplateArgs
+
+ENDPOINT = "chat"
+
+
+def _num_logprobs(body: ChatCompletionRequest) -> int | None:
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    if body.top_logprobs is not None and not 0 <= body.top_logprobs <= MAX_LOGPROBS:
+        raise OpenAIError(400, f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {body.top_logprobs}",
+                          param="top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def template_args(body: ChatTemplateFields, serving: Serving) -> ChatTemplateArgs:
+    """The request's chat-template fields; its own template only where the server trusts request templates."""
+    if body.chat_template is not None and not serving.config.trust_request_chat_template:
+        raise OpenAIError(400, "this server does not take a chat_template in requests: start it with "
+                               "--trust-request-chat-template to allow them", param="chat_template")
+    return ChatTemplateArgs(body.chat_template, dict(body.chat_template_kwargs or {}), body.add_generation_prompt,
+                            body.continue_final_message)
+
+
+def _constraint(body: ChatCompletionRequest, plan: ToolPlan | None) -> Constraint | None:
+    """The answer's one grammar: from the tools (unless tool_choice is none) or from response_format & co."""
+    asked = constraint_of(body)
+    calls = tool_constraint(plan) if plan is not None else None
+    if asked is not None and calls is not None:
+        raise OpenAIError(400, f"{asked.param} cannot be combined with tools unless tool_choice is none",
+                          param=asked.param)
+    return asked or calls
+
+
+async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
+    model = serving.require_model(body.model)
+    plan = tool_plan_of(body)
+    functions = [tool.function for tool in body.tools or []]
+    args = template_args(body, serving)
+    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+    prompt_ids = await serving.encode_chat(messages, args, tools=tools)
+    structured_output = await serving.check_constraint(_constraint(body, plan))
+    use_new_name = body.max_completion_tokens is not None
+    shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
+    jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name
+                              else body.max_tokens, _num_logprobs(body), shape, structured_output)
+    calls = plan if plan is not None and plan.parses_calls else None
+    response_id, created = f"chatcmpl-{req_id}", int(time.time())
+    base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model.model_name}
+    if body.stream:
+        extra = {"usage": None} if body.include_usage else {}
+        streamed_calls = StreamedToolCalls(calls) if calls is not None else None
+        plain = {job.index: TextChunkTemplate({**base, "choices": [{"index": job.index, "delta": {
+            "content": text_marker()}, "logprobs": None, "finish_reason": None}], **extra}) for job in jobs}
+
+        def to_chunk(delta: ChoiceDelta) -> str | dict | list[dict]:
+            if not body.logprobs and streamed_calls is None and delta.text and delta.finish_reason is None:
+                return plain[delta.index].render(delta.text)  # most tokens: only the text varies
+            logprobs = chat_logprobs(serving.tokenizer, delta.logprobs) if body.logprobs else None
+            if streamed_calls is not None:
+                return [{**base, "choices": [{"index": delta.index, "delta": piece, "logprobs": logprobs if i == 0
+                                              else None, "finish_reason": finish}], **extra}
+                        for i, (piece, finish) in enumerate(streamed_calls.deltas(delta.index, delta.text,
+                                                                                    delta.finish_reason))]
+            choice = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {},
+                      "logprobs": logprobs, "finish_reason": delta.finish_reason}
+            return {**base, "choices": [choice], **extra}
+
+        forced = calls is not None and calls.choice in ("required", "named")  # OpenAI's head has no content then
+        head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant",
+                                                                    "content": None if forced else ""},
+                                      "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
+        usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
+        served_by: list[str] = []
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
+                                            serving.admission)
+        events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
+        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
+                                  replica_header(served_by))
+    served_by = []
+    results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
+    choices = []
+    for r in results:
+        message, finish = message_of(calls, r) if calls is not None else (
+            {"role": "assistant", "content": r.text}, r.finish_reason)
+        choices.append({"index": r.index, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None})
+    return JSONResponse({"id": response_id, "object": "chat.completion", "created": created,
+                         "model": model.model_name, "choices": choices, "usage": usage_of(results)},
+                        headers={"X-Request-Id": req_id, **replica_header(served_by)})

@@ -1,0 +1,89 @@
+"""POST /v1/completions: raw prompts (text or token ids, one or several), streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from services.gateway.api.generation import ChoiceDelta
+from services.gateway.api.logprobs_format import completion_logprobs
+from services.gateway.api.protocol import CompletionRequest
+from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
+from services.gateway.api.sampling import RequestShape, check_token_ids
+from services.gateway.api.serving import Serving
+from services.gateway.api.sse import sse_events
+from services.gateway.api.sse_template import TextChunkTemplate, text_marker
+from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
+from services.gateway.api.usage import usage_of
+from services.gateway.http.errors import OpenAIError
+from services.gateway.structured.structured_outputs import constraint_of
+
+ENDPOINT = "completions"
+SHAPE = RequestShape("prompt", "max_tokens", "logprobs")
+
+
+async def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [await serving.encode_prompt(prompt, "prompt")]
+    if not prompt:
+        raise OpenAIError(400, "prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int):
+        return [check_token_ids(list(prompt), serving.limits.vocab_size, "prompt")]
+    return [await serving.encode_prompt(p, "prompt") if isinstance(p, str) else
+            check_token_ids(list(p), serving.limits.vocab_size, "prompt") for p in prompt]
+
+
+def _check_unsupported(body: CompletionRequest) -> None:
+    if body.suffix is not None:
+        raise OpenAIError(400, "suffix is not supported", param="suffix")
+    if body.echo and body.logprobs is not None:
+        raise OpenAIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+
+
+async def create_completion(body: CompletionRequest, serving: Serving, request: Request, req_id: str):
+    model = serving.require_model(body.model)
+    _check_unsupported(body)
+    prompts = await _prompts(body, serving)
+    structured_output = await serving.check_constraint(constraint_of(body))
+    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE, structured_output)
+    echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
+    response_id, created = f"cmpl-{req_id}", int(time.time())
+    base = {"id": response_id, "object": "text_completion", "created": created, "model": model.model_name}
+    if body.stream:
+        extra = {"usage": None} if body.include_usage else {}
+        offsets = {job.index: 0 for job in jobs}
+        plain = {job.index: TextChunkTemplate({**base, "choices": [{"index": job.index, "text": text_marker(),
+                                                                     "logprobs": None, "finish_reason": None}],
+                                               **extra}) for job in jobs}
+
+        def to_chunk(delta: ChoiceDelta) -> str | dict:
+            if body.logprobs is None and delta.finish_reason is None:  # most tokens: only the text varies
+                return plain[delta.index].render(delta.text)
+            logprobs = None
+            if body.logprobs is not None:
+                logprobs = completion_logprobs(serving.tokenizer, delta.logprobs, offsets[delta.index])
+                offsets[delta.index] += len(delta.text)
+            choice = {"index": delta.index, "text": delta.text, "logprobs": logprobs,
+                      "finish_reason": delta.finish_reason}
+            return {**base, "choices": [choice], **extra}
+
+        head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
+                                      "finish_reason": None}], **extra} for job in jobs if body.echo]
+        usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
+        served_by: list[str] = []
+        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
+                                            serving.admission)
+        events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
+        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
+                                  replica_header(served_by))
+    served_by = []
+    results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
+    choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
+                "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None
+                else None, "finish_reason": r.finish_reason} for r in results]
+    return JSONResponse({"id": response_id, "object": "text_completion", "created": created,
+                         "model": model.model_name, "choices": choices, "usage": usage_of(results)},
+                        headers={"X-Request-Id": req_id, **replica_header(served_by)})

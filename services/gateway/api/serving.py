@@ -1,0 +1,154 @@
+"""What every endpoint needs: the replicas and their router, tokenizer, model facts, defaults and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.gateway.api.generation import ChoiceJob
+from services.gateway.api.protocol import SamplingFields
+from services.gateway.api.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
+from services.gateway.config import GatewayConfig
+from services.gateway.http.admission import Admission
+from services.gateway.http.errors import OpenAIError
+from services.gateway.http.metrics import GatewayMetrics
+from services.gateway.routing.prefix_mirror import PrefixMirror
+from services.gateway.routing.replica_gauges import ReplicaStateCollector
+from services.gateway.routing.replicas import ReplicaSet
+from services.gateway.routing.router import Router, RouterConfig
+from services.gateway.routing.router_metrics import RouterMetrics
+from services.gateway.structured.grammar_check import GrammarChecker
+from services.gateway.structured.structured_outputs import Constraint
+from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
+from shared.request_io import GenerateRequest
+from shared.step_protocol import ModelDescription
+from shared.structured_output import StructuredOutput
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Serving:
+    config: GatewayConfig
+    tokenizer: PromptTokenizer
+    replicas: ReplicaSet
+    generation_defaults: dict
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    mirror: PrefixMirror | None = None  # the replicas' prefix indexes (None: no Redis, prefix routing hashes)
+    admission: Admission = field(init=False)
+    router: Router = field(init=False)
+    created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
+    grammar_checker: GrammarChecker | None = None  # started with the first constrained request
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.config.max_open_requests)
+        config = RouterConfig(self.config.routing, self.config.routing_load_cost_tokens,
+                              self.config.routing_pending_ttl_s)
+        self.router = Router(config, self.replicas, self.mirror, RouterMetrics(self.metrics.registry))
+        self.admission.refusing_for_s = self.router.refusing_for_s
+        self.metrics.registry.register(ReplicaStateCollector(self.router))
+
+    @property
+    def ready(self) -> bool:
+        """At least one replica is routable."""
+        return self.replicas.ready
+
+    @property
+    def description(self) -> ModelDescription | None:
+        """The model facts: the first ready replica's (every replica serves this model)."""
+        return self.replicas.model
+
+    async def refresh(self) -> bool:
+        """Check the replicas that are out now (no lag behind the periodic poll); returns `ready`."""
+        await self.replicas.check_now()
+        return self.ready
+
+    async def run_background(self) -> None:
+        """The replica set's resolution and health tasks, and the prefix-index mirror; cancel to stop."""
+        tasks = [asyncio.create_task(self.replicas.run(), name="replicas")]
+        if self.mirror is not None:
+            tasks.append(asyncio.create_task(self.mirror.run(), name="prefix-mirror"))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    def require_model(self, requested: str | None) -> ModelDescription:
+        """The served model; 503 before the scheduler is ready, 404 for another model name."""
+        if not self.ready or self.description is None:
+            raise OpenAIError(503, "the scheduler is not ready yet", code="service_unavailable")
+        if requested not in (None, self.description.model_name, self.config.model_dir, self.model_root):
+            raise OpenAIError(404, f"The model `{requested}` does not exist.", param="model",
+                              code="model_not_found")
+        return self.description
+
+    @property
+    def model_root(self) -> str:
+        """The model folder as an absolute path (/v1/models `root`: a client on this machine can load its tokenizer)."""
+        return str(Path(self.config.model_dir).resolve())
+
+    @property
+    def limits(self) -> ModelLimits:
+        assert self.description is not None, "require_model() first"
+        return ModelLimits(self.description.max_model_len, self.description.vocab_size)
+
+    async def encode_prompt(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """The text's token ids, tokenized off the event loop; a text that surely cannot fit the context is a 400
+        without tokenizing it."""
+        try:
+            return await self.tokenizer.off_loop(self.tokenizer.encode, text, add_special_tokens,
+                                                 self.limits.max_model_len)
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
+
+    async def encode_chat(self, messages: list[dict], args: ChatTemplateArgs | None = None,
+                          param: str = "messages", tools: list[dict] | None = None) -> list[int]:
+        """Token ids of the conversation through the chat template, templated and tokenized off the event loop."""
+        try:
+            return await self.tokenizer.off_loop(self.tokenizer.chat_prompt_ids, messages, args,
+                                                 self.limits.max_model_len, tools)
+        except PromptTooLong as exc:
+            raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
+
+    async def check_constraint(self, constraint: Constraint | None) -> StructuredOutput | None:
+        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field)."""
+        if constraint is None:
+            return None
+        if self.grammar_checker is None:
+            model = self.require_model(None)
+            self.grammar_checker = GrammarChecker(self.config.model_dir, model.vocab_size, model.eos_token_ids,
+                                                  self.config.grammar_compile_timeout_s)
+        return await self.grammar_checker.check(constraint)
+
+    async def close(self) -> None:
+        if self.grammar_checker is not None:
+            await self.grammar_checker.close()
+
+    def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
+                   logprobs: int | None, shape: RequestShape,
+                   structured_output: StructuredOutput | None = None) -> list[ChoiceJob]:
+        """n scheduler requests per prompt; one req_id when there is one choice, `{req_id}-{i}` otherwise."""
+        limit, num_choices = self.config.max_num_choices, len(prompts) * body.n
+        if body.n > limit:
+            raise OpenAIError(400, f"n must be at most {limit}, got {body.n}", param="n")
+        if num_choices > limit:
+            raise OpenAIError(400, f"a request may ask for at most {limit} choices (prompts x n), got "
+                                   f"{len(prompts)} x {body.n}", param=shape.prompt_param)
+        jobs = []
+        for prompt_index, prompt_ids in enumerate(prompts):
+            for i in range(body.n):
+                params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
+                                               self.generation_defaults, self.limits, shape, structured_output)
+                index = len(jobs)
+                choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
+                jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
+                                                                           body.cache_salt), body.stop_strings))
+        return jobs
