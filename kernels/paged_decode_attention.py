@@ -1,4 +1,10 @@
-"""Paged decode attention: one query token per request over its whole paged context, split-K (flash decoding)."""
+"""Paged decode attention: one query token per request over its whole paged context, split-K (flash decoding).
+
+Capture-safe: the launch grid and every scalar argument depend only on static facts (batch rows, KV heads, the SM
+count and the block table's width), never on a step's lengths. Each program finds its own slice of its request's
+context from `seq_lens` inside the kernel; a split past the end of a short context loads nothing. The split-K
+partial buffers come from a DecodeWorkspace the caller allocates once.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ MIN_PARTITION = 256  # tokens; below this a split's fixed cost outweighs the par
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale_log2, sliding_window, partition_size, num_splits,
+    qk_scale_log2, sliding_window, partition_size, num_splits, min_partition,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     SINGLE_SPLIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -32,8 +38,11 @@ def _decode_split_kernel(
     Region map of request b (positions):
         0 ...... ctx_start ...... [split_start, split_end) ...... seq_len - 1 (the query token)
         ctx_start = seq_len - sliding_window (clamped to 0) when a window is set, else 0
-        split s covers [ctx_start + s * partition_size, ctx_start + (s + 1) * partition_size) ∩ [., seq_len)
+        split s covers [ctx_start + s * part, ctx_start + (s + 1) * part) ∩ [., seq_len)
+        part = partition_size when > 0 (forced), else the request's own: its visible length cut into
+        min(num_splits, cdiv(visible, min_partition)) slices, rounded up to TILE_N
     Token at position p lives at block_tables[b, p // BLOCK_SIZE], row p % BLOCK_SIZE, so a tile may span blocks.
+    A split that starts past seq_len runs no loop iteration (no loads) and stores weight 0 for the reduce.
     """
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -42,8 +51,13 @@ def _decode_split_kernel(
     ctx_start = 0
     if HAS_WINDOW:
         ctx_start = tl.maximum(seq_len - sliding_window, 0)
-    split_start = ctx_start + split * partition_size
-    split_end = tl.minimum(split_start + partition_size, seq_len)
+    part = partition_size
+    if partition_size == 0:
+        visible = seq_len - ctx_start
+        used = tl.maximum(tl.minimum(num_splits, tl.cdiv(visible, min_partition)), 1)
+        part = tl.cdiv(tl.cdiv(visible, used), TILE_N) * TILE_N
+    split_start = ctx_start + split * part
+    split_end = tl.minimum(split_start + part, seq_len)
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -107,17 +121,20 @@ def _decode_reduce_kernel(
     w = tl.where(m > float("-inf"), tl.exp2(m - m_max) * l_s, 0.0)
     o = tl.load(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
                 mask=s_mask[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)
-    out = tl.sum(w[:, None] * o, 0) / tl.sum(w, 0)
+    out = tl.sum(tl.where(w[:, None] > 0, w[:, None] * o, 0.0), 0) / tl.sum(w, 0)
     dst = out_ptr + req * stride_ot + head * stride_oh + offs_d
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @dataclass(frozen=True)
 class DecodeSplits:
-    """How a decode launch cuts each context: tiles of tile_n tokens, partition_size tokens per split."""
+    """How a decode launch cuts each context: tiles of tile_n tokens, at most num_splits splits a request.
+
+    partition_size 0: each request cuts its own visible length in the kernel (the capture-safe default); > 0: every
+    request uses slices of that many tokens (a forced size, for tests and tuning)."""
 
     tile_n: int
-    partition_size: int  # a multiple of tile_n
+    partition_size: int  # a multiple of tile_n, or 0
     num_splits: int  # 1 means no reduce kernel
 
 
@@ -129,32 +146,71 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def choose_partition_size(num_programs: int, visible_len: int, num_sms: int) -> int:
-    """Tokens per split: enough splits to fill the device twice over, never slices shorter than MIN_PARTITION."""
+def choose_num_splits(num_programs: int, max_len: int, num_sms: int) -> int:
+    """Splits a request: enough to fill the device twice over, never more than slices of MIN_PARTITION tokens of the
+    longest context the block table can address (`max_len`, a static bound, not a step's lengths)."""
     wanted = triton.cdiv(2 * num_sms, max(num_programs, 1))
-    num_splits = max(1, min(wanted, triton.cdiv(visible_len, MIN_PARTITION)))
-    return triton.cdiv(visible_len, num_splits)
+    return max(1, min(wanted, triton.cdiv(max_len, MIN_PARTITION)))
 
 
-def plan_splits(num_programs: int, head_dim: int, visible_len: int, device: torch.device,
-                partition_size: int | None = None) -> DecodeSplits:
-    """Split-K plan for (request, kv head) programs over contexts of at most visible_len tokens."""
+def plan_splits(num_programs: int, head_dim: int, max_len: int, device: torch.device,
+                partition_size: int | None = None, num_sms: int | None = None) -> DecodeSplits:
+    """Split-K plan for (request, kv head) programs over contexts of at most max_len visible tokens."""
     tile_n = 32 if head_dim > 128 else 64  # keeps the [tile_n, head_dim] K and V tiles in registers
     if partition_size is None:
-        partition_size = choose_partition_size(num_programs, visible_len, _num_sms(device))
+        num_splits = choose_num_splits(num_programs, max_len, num_sms or _num_sms(device))
+        tile_n = min(tile_n, max(16, triton.next_power_of_2(triton.cdiv(max_len, num_splits))))
+        return DecodeSplits(tile_n, 0, num_splits)
     tile_n = min(tile_n, max(16, triton.next_power_of_2(partition_size)))
     partition_size = triton.cdiv(partition_size, tile_n) * tile_n
-    return DecodeSplits(tile_n, partition_size, triton.cdiv(visible_len, partition_size))
+    return DecodeSplits(tile_n, partition_size, triton.cdiv(max_len, partition_size))
+
+
+@dataclass
+class DecodeWorkspace:
+    """fp32 scratch for split-K, allocated once and reused by every launch (a captured graph keeps its addresses):
+    normalized outputs, log2-domain maxima and exp sums, `capacity` (request, head, split) rows each."""
+
+    part_out: torch.Tensor  # [capacity * head_dim]
+    part_max: torch.Tensor  # [capacity]
+    part_sum: torch.Tensor  # [capacity]
+
+    @classmethod
+    def allocate(cls, capacity: int, head_dim: int, device: torch.device) -> DecodeWorkspace:
+        capacity = max(capacity, 1)
+        return cls(torch.empty(capacity * head_dim, dtype=torch.float32, device=device),
+                   torch.empty(capacity, dtype=torch.float32, device=device),
+                   torch.empty(capacity, dtype=torch.float32, device=device))
+
+    @property
+    def capacity(self) -> int:
+        return self.part_max.numel()
+
+    def views(self, num_rows: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if num_rows > self.capacity or self.part_out.numel() < num_rows * head_dim:
+            raise ValueError(f"the decode workspace holds {self.capacity} rows, the launch needs {num_rows}")
+        return self.part_out[: num_rows * head_dim], self.part_max[:num_rows], self.part_sum[:num_rows]
+
+
+def workspace_rows(num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_len: int,
+                   device: torch.device, num_sms: int | None = None) -> int:
+    """The workspace rows a launch of num_seqs requests needs (0 when it runs unsplit)."""
+    plan = plan_splits(num_seqs * num_kv_heads, head_dim, max_len, device, num_sms=num_sms)
+    return num_seqs * num_heads * plan.num_splits if plan.num_splits > 1 else 0
 
 
 def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_seq_len: int, *,
                            sliding_window: int | None = None, partition_size: int | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, workspace: DecodeWorkspace | None = None,
+                           num_sms: int | None = None) -> torch.Tensor:
     """Attend query [B, H, D] (the last token of each request) over caches [N, block_size, KVH, D]; returns [B, H, D].
 
-    block_tables / seq_lens may hold more rows than B (only the first B are read); partition_size forces the split-K
-    slice length (rounded up to the tile), otherwise it is chosen from the device size.
+    `max_seq_len` bounds every request's context (pass a static bound, e.g. the block table's width x block size,
+    so that the launch does not depend on the step); block_tables / seq_lens may hold more rows than B (only the
+    first B are read); partition_size forces the split-K slice length (rounded up to the tile), otherwise each
+    request cuts its own context into at most the planned number of splits. Without a `workspace` the partials are
+    allocated for this call; `num_sms` overrides the device's SM count (tests).
     """
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -165,12 +221,15 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
         return out
     group = num_heads // num_kv_heads
     visible_len = max(1, min(max_seq_len, sliding_window) if sliding_window else max_seq_len)
-    plan = plan_splits(num_seqs * num_kv_heads, head_dim, visible_len, query.device, partition_size)
+    plan = plan_splits(num_seqs * num_kv_heads, head_dim, visible_len, query.device, partition_size, num_sms)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    parts = _partials(num_seqs, num_heads, plan.num_splits, head_dim, query.device)
+    num_rows = num_seqs * num_heads * plan.num_splits if plan.num_splits > 1 else 1
+    if workspace is None:
+        workspace = DecodeWorkspace.allocate(num_rows, head_dim, query.device)
+    parts = workspace.views(num_rows, head_dim)
     _decode_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, out, *parts,
-        scale * LOG2E, sliding_window or 0, plan.partition_size, plan.num_splits,
+        scale * LOG2E, sliding_window or 0, plan.partition_size, plan.num_splits, MIN_PARTITION,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
         SINGLE_SPLIT=plan.num_splits == 1, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
@@ -183,12 +242,3 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
             BLOCK_S=triton.next_power_of_2(plan.num_splits), HEAD_DIM=head_dim, BLOCK_D=block_d,
         )
     return out
-
-
-def _partials(num_seqs: int, num_heads: int, num_splits: int, head_dim: int,
-              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """fp32 scratch for split-K: normalized outputs, log2-domain maxima and exp sums (one unused row when unsplit)."""
-    rows = (num_seqs, num_heads, num_splits) if num_splits > 1 else (1, 1, 1)
-    return (torch.empty(*rows, head_dim, dtype=torch.float32, device=device),
-            torch.empty(*rows, dtype=torch.float32, device=device),
-            torch.empty(*rows, dtype=torch.float32, device=device))

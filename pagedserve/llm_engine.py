@@ -7,11 +7,10 @@ forward), so the offline engine exercises the same protocol on the real model, d
 
 from __future__ import annotations
 
-from services.gpu_worker.worker import Worker
+from services.gpu_worker.worker import PendingStep, Worker
 from services.scheduler.scheduler import Scheduler, SchedulerOutput
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import GenerateRequest, RequestOutput
-from shared.step_protocol import StepOutput
 
 
 class LLMEngine:
@@ -20,7 +19,7 @@ class LLMEngine:
         self.description = worker.describe()
         self.scheduler = Scheduler(scheduler_config, self.description)
         self.async_scheduling = async_scheduling
-        self._in_flight: tuple[SchedulerOutput, StepOutput] | None = None  # async: ran, output not yet applied
+        self._in_flight: tuple[SchedulerOutput, PendingStep] | None = None  # async: ran, output not yet applied
 
     def add_request(self, request: GenerateRequest) -> None:
         """Raises RequestRejected, or GrammarError for a grammar the engine refuses."""
@@ -44,7 +43,6 @@ class LLMEngine:
         step = scheduled.step_input
         if not self.async_scheduling:
             return self.scheduler.update_from_output(scheduled, self.worker.execute_step(step))
-        ran = None if step.is_empty and not step.finished_req_ids else (
-            scheduled, self.worker.execute_step(step))
-        done, self._in_flight = self._in_flight, ran
-        return self.scheduler.update_from_output(*done) if done else []
+        ran = None if step.is_empty and not step.finished_req_ids else (scheduled, self.worker.launch_step(step))
+        done, self._in_flight = self._in_flight, ran  # step N's output is taken after step N+1 was launched
+        return self.scheduler.update_from_output(done[0], done[1].result()) if done else []

@@ -25,6 +25,8 @@ class ModelInput:
     num_scheduled: list[int]  # parallel to requests
     sample_indices: list[int]  # indices into `requests` of those that sample a token this step
     logits_rows: KeptRows  # the row of each sampling request's last token
+    feed_rows: list[int]  # rows whose token is on the device only (RequestState.pending) ...
+    feed_sources: list[int]  # ... and its row in the sampled ids of the step that made it
 
 
 def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) -> list[int]:
@@ -33,14 +35,21 @@ def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) 
 
 
 def build_model_input(requests: list[RequestState], num_scheduled: list[int], block_size: int,
-                      device: torch.device) -> ModelInput:
+                      device: torch.device, previous_step: int = -1) -> ModelInput:
+    """`previous_step`: the serial of the step whose sampled ids still hold tokens only the device knows."""
     order = order_decodes_first(requests, num_scheduled)
     requests = [requests[i] for i in order]
     num_scheduled = [num_scheduled[i] for i in order]
     starts = [r.num_computed_tokens for r in requests]
     token_ids: list[int] = []
+    feed_rows: list[int] = []
+    feed_sources: list[int] = []
     for r, start, n in zip(requests, starts, num_scheduled, strict=True):
         token_ids.extend(r.token_ids[start: start + n])
+        if start + n > len(r.token_ids):  # the newest token is still on the device: a placeholder, fed by index
+            feed_rows.append(len(token_ids))
+            feed_sources.append(r.fed_row(previous_step))
+            token_ids.append(0)
 
     lengths = torch.tensor(num_scheduled, dtype=torch.long)
     query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.long)
@@ -57,7 +66,7 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     slot_mapping = block_tables[request_of_row, positions // block_size].long() * block_size + positions % block_size
 
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
-                      if s + n == len(r.token_ids)]
+                      if s + n == r.num_tokens]
     num_decodes = sum(1 for n in num_scheduled if n == 1)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
@@ -79,4 +88,6 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
         sample_indices=sample_indices,
         logits_rows=KeptRows((query_start_loc[1:][sample_indices] - 1).to(device),
                              StepRows(len(sample_indices), sum(1 for i in sample_indices if i < num_decodes))),
+        feed_rows=feed_rows,
+        feed_sources=feed_sources,
     )

@@ -1,4 +1,10 @@
-"""Owns the model and the KV cache on one device: runs one flattened forward per step and samples."""
+"""Owns the model and the KV cache on one device: runs one flattened forward per step and samples.
+
+A step is launched (`launch`) and its output taken later (`PendingOutput.result`). On CUDA a step whose sampling
+rows need nothing from the host (no grammar, penalties, seed, logprobs or pending min_tokens) leaves its ids on the
+device: the next step takes them by index and the host reads them after that step is enqueued (no sync between
+steps). Decode-only steps that fit a captured size replay a graph (cuda_graphs/); the rest run eagerly.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from services.gpu_worker.attention.backend import AttentionShape
+from services.gpu_worker.cuda_graphs.decode_graphs import DecodeGraphs, capture_sizes
+from services.gpu_worker.cuda_graphs.graph_backend import CudaGraphBackend, GraphBackend
 from services.gpu_worker.generation_defaults import eos_token_ids
-from services.gpu_worker.input_batch import ModelInput, build_model_input
+from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
 from services.gpu_worker.loader import load_model
 from services.gpu_worker.model_config import dtype_name, load_model_config
+from services.gpu_worker.pending_output import PendingOutput
 from services.gpu_worker.platforms import platform_for
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
@@ -52,6 +61,22 @@ class ModelRunner:
         self.forward = self.platform.model_forward(self.model, self.backend, self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
                  config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
+        self.defer_outputs = self.device.type == "cuda"  # sampled ids stay on the device between steps
+        self.graphs: DecodeGraphs | None = None
+        self._serial = 0  # of the last step launched
+        self._deferred: list[PendingOutput] = []  # launched steps whose ids may still be on the device only
+        if self.device.type == "cuda" and not config.enforce_eager:
+            if self.backend.name == "triton":
+                self.enable_graphs(CudaGraphBackend(self.device))
+            else:
+                log.info("decode graphs need the triton attention backend: running eagerly")
+
+    def enable_graphs(self, backend: GraphBackend) -> None:
+        """Capture the decode graphs of `--cuda-graph-sizes` (tests pass a fake backend on CPU)."""
+        sizes = capture_sizes(self.config.cuda_graph_sizes, self.config.max_num_seqs)
+        self.graphs = DecodeGraphs(self.model, self.forward, self.kv_cache, self.backend, sizes, self.max_model_len,
+                                   backend)
+        self.graphs.capture()
 
     def describe(self) -> ModelDescription:
         return ModelDescription(
@@ -68,27 +93,75 @@ class ModelRunner:
             kv_cache_bytes=self.kv_cache.num_bytes,
         )
 
-    @torch.inference_mode()
     def run(self, requests: list[RequestState], num_scheduled: list[int]) -> StepOutput:
         """Compute the scheduled tokens of each request; sample for those that reach their last known token."""
-        start_ns = time.perf_counter_ns()
-        batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device)
-        hidden = self.forward(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
-        output, sample_ns = StepOutput(), 0
-        if batch.sample_indices:
-            logits = self.model.compute_logits(hidden, batch.logits_rows.rows)
-            sample_start_ns = time.perf_counter_ns()
-            output = self._sample(batch, logits)
-            sample_ns = time.perf_counter_ns() - sample_start_ns
-        for request, n in zip(batch.requests, batch.num_scheduled, strict=True):
-            request.num_computed_tokens += n
-        output.forward_time_ns, output.sample_time_ns = time.perf_counter_ns() - start_ns, sample_ns
-        return output
+        return self.launch(requests, num_scheduled).result()
 
-    def _sample(self, batch: ModelInput, logits: torch.Tensor) -> StepOutput:
+    @torch.inference_mode()
+    def launch(self, requests: list[RequestState], num_scheduled: list[int]) -> PendingOutput:
+        """Enqueue a step; its output comes from the returned PendingOutput's result()."""
+        start_ns = time.perf_counter_ns()
+        previous = self._serial
+        self._serial += 1
+        self._resolve_deferred(before=previous)  # only the previous step's ids may feed this one
+        if not all(_plain(r) for r in requests if r.pending is not None):
+            self._resolve_deferred(before=self._serial)  # their sampling rows read outputs from the host
+        logits, sampling = self._logits(requests, num_scheduled, previous)
+        pending, sample_ns = PendingOutput.done(self._serial, StepOutput()), 0
+        if sampling:
+            sample_start_ns = time.perf_counter_ns()
+            pending = self._sample_deferred(sampling, logits) if self.defer_outputs else None
+            if pending is None:
+                self._resolve_deferred(before=self._serial)  # appends in step order
+                pending = PendingOutput.done(self._serial, self._sample(sampling, logits))
+            sample_ns = time.perf_counter_ns() - sample_start_ns
+        for request, n in zip(requests, num_scheduled, strict=True):
+            request.num_computed_tokens += n
+        pending.output.forward_time_ns, pending.output.sample_time_ns = time.perf_counter_ns() - start_ns, sample_ns
+        return pending
+
+    def _logits(self, requests: list[RequestState], num_scheduled: list[int], previous: int
+                ) -> tuple[torch.Tensor | None, list[RequestState]]:
+        """The step's forward: logits of the rows that sample, and their requests (in row order)."""
+        fed_from = self._deferred[-1].token_ids if self._deferred else None
+        if (self.graphs is not None and len(requests) <= self.graphs.max_size and all(n == 1 for n in num_scheduled)
+                and all(r.num_computed_tokens + 1 == r.num_tokens for r in requests)):
+            return self.graphs.run(requests, previous, fed_from), list(requests)
+        batch = build_model_input(requests, num_scheduled, self.kv_cache.block_size, self.device, previous)
+        if batch.feed_rows:
+            rows = torch.tensor(batch.feed_rows, device=self.device)
+            batch.token_ids.index_copy_(0, rows, fed_from[torch.tensor(batch.feed_sources, device=self.device)])
+        hidden = self.forward(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
+        if not batch.sample_indices:
+            return None, []
+        return (self.model.compute_logits(hidden, batch.logits_rows.rows),
+                [batch.requests[i] for i in batch.sample_indices])
+
+    def _sample_deferred(self, requests: list[RequestState], logits: torch.Tensor) -> PendingOutput | None:
+        """Sample on the device and leave the ids there; None when a row needs the host path."""
+        if not all(_plain(r) for r in requests):
+            return None
+        rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids, r.banned_token_ids)
+                for r in requests]
+        try:
+            token_ids, _ = sample(logits, build_sampling_batch(rows, self.model_config.vocab_size, self.device))
+        except Exception:
+            log.exception("sampling a batch of %d rows on the device failed: sampling on the host", len(rows))
+            return None
+        finite = torch.isfinite(logits.amax(dim=-1))  # NaN and +inf propagate through amax
+        pending = PendingOutput.start(self._serial, StepOutput(), requests, token_ids, finite)
+        self._deferred.append(pending)
+        return pending
+
+    def _resolve_deferred(self, before: int) -> None:
+        """Take the outputs of the deferred steps launched before step `before` (their ids reach the host)."""
+        while self._deferred and self._deferred[0].serial < before:
+            self._deferred.pop(0).result()
+        self._deferred = [p for p in self._deferred if not p.resolved]
+
+    def _sample(self, sampling_requests: list[RequestState], logits: torch.Tensor) -> StepOutput:
         """Sample every row that is due; a row with non-finite logits, or one the sampler fails on, fails its own
         request alone (the batch is retried row by row only after an error)."""
-        sampling_requests = [batch.requests[i] for i in batch.sample_indices]
         rows = [SamplingRow(r.sampling, r.prompt_token_ids, r.output_token_ids, r.stop_token_ids, r.banned_token_ids)
                 for r in sampling_requests]
         finite = torch.isfinite(logits.amax(dim=-1)).tolist()  # NaN and +inf propagate through amax
@@ -103,6 +176,7 @@ class ModelRunner:
         output = StepOutput()
         for request, ok, result in zip(sampling_requests, finite, results, strict=True):
             if not ok or isinstance(result, Exception):
+                request.dropped = True
                 reason = "non-finite logits" if not ok else f"sampling failed: {type(result).__name__}"
                 log.error("request %s failed in the worker: %s", request.req_id, reason)
                 output.failed.append(FailedRequest(request.req_id, reason, invalid_argument=False))
@@ -133,3 +207,10 @@ class ModelRunner:
 
         return build_grammar_mask(grammars, [row.banned_now for row in rows], self.model_config.vocab_size,
                                   self.device)
+
+
+def _plain(request: RequestState) -> bool:
+    """Its sampling reads nothing from the host mirror's outputs (so it may run before they are back)."""
+    p = request.sampling
+    return (request.grammar is None and not p.has_penalties and p.logprobs is None
+            and (p.seed is None or p.greedy) and len(request.output_token_ids) >= p.min_tokens)

@@ -22,6 +22,21 @@ class RequestState:
     stop_token_ids: tuple[int, ...]  # banned by the sampler until min_tokens outputs exist
     banned_token_ids: tuple[int, ...] = ()  # never sampled: the model's EOS ids under ignore_eos
     grammar: RequestGrammar | None = None  # the request's structured-output matcher, advanced by each sample
+    # (step serial, row) of a token sampled on the device whose host copy is not back yet: it belongs at
+    # token_ids[len(token_ids)], and a step that computes it takes it from that step's sampled ids by index
+    pending: tuple[int, int] | None = None
+    dropped: bool = False  # failed in the worker: outputs of steps still in flight for it are not reported
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens, the one still on the device included."""
+        return len(self.token_ids) + (self.pending is not None)
+
+    def fed_row(self, step: int) -> int:
+        """The row of `step`'s sampled ids holding this request's device-only token."""
+        if self.pending is None or self.pending[0] != step:
+            raise RuntimeError(f"request {self.req_id}: its token is pending from step {self.pending}, not {step}")
+        return self.pending[1]
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -8,7 +8,9 @@ hopping between pool threads left several teams competing for the cores (single-
 
 One process per device. Steps are serialised (one forward at a time); health and Describe answer meanwhile. On the
 Steps stream a reader thread hands each step to the model thread as it arrives, so the next step is queued while
-one runs (async scheduling), and the replies go back in order.
+one runs (async scheduling), and the replies go back in order. When the next step is already queued as one is
+launched, its reply is completed only after that next step is launched too: the sampled ids reach the host while
+the device runs on (model_runner.py), instead of the device idling through the host's turn.
 """
 
 from __future__ import annotations
@@ -31,11 +33,11 @@ from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
 from services.proto_convert.common import description_to_pb, structured_output_from_pb
 from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
 from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
-from shared.step_protocol import StepInput, StepOutput
+from shared.step_protocol import StepInput
 from shared.tracing import context_from_traceparent, get_tracer, incoming_context
 
 if TYPE_CHECKING:  # the worker imports torch: the server binds its port (and answers health) first
-    from services.gpu_worker.worker import Worker
+    from services.gpu_worker.worker import PendingStep, Worker
     from services.gpu_worker.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         self._lock = threading.Lock()
         self.num_steps_in_flight = 0
         self.last_step_end_s = time.monotonic()
+        self._num_queued = 0  # steps submitted to the model thread and not launched yet
+        self._deferred: tuple[PendingStep, futures.Future, int] | None = None  # launched, reply not completed
 
     def idle_for_s(self) -> float:
         """Seconds since the last step ended; 0 while one runs (a draining worker waits for its scheduler)."""
@@ -117,7 +121,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         request_spans = _start_request_spans(traceparents_from_pb(request), step, step_span)
         with self._lock:
             self.num_steps_in_flight += 1
-        future = self._model_thread.submit(self._execute, worker, step)
+            self._num_queued += 1
+        future: futures.Future = futures.Future()
+        self._model_thread.submit(self._execute, worker, step, future)
         future.add_done_callback(self._step_ended)
         if step_span is not None or request_spans:
             future.add_done_callback(lambda done: _end_step_spans(done, step_span, request_spans))
@@ -128,13 +134,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
             self.num_steps_in_flight -= 1
             self.last_step_end_s = time.monotonic()
 
-    def _execute(self, worker: Worker, step: StepInput) -> StepOutput:
-        """On the model thread: run the step and say how long the thread waited for it since its last one."""
+    def _execute(self, worker: Worker, step: StepInput, reply: futures.Future) -> None:
+        """On the model thread: launch the step, then complete the reply of the step launched before it; this
+        step's own reply waits for the next launch when one is already queued."""
+        with self._lock:
+            self._num_queued -= 1
+            more_queued = self._num_queued > 0
+        if not reply.set_running_or_notify_cancel():  # the stream ended before the step started
+            self._complete_deferred()
+            return
         start_ns = time.perf_counter_ns()
-        output = worker.execute_step(step)
-        output.idle_time_ns = start_ns - self._last_step_end_ns if self._last_step_end_ns else 0
+        try:
+            pending = worker.launch_step(step)
+        except BaseException as exc:
+            self._complete_deferred()
+            reply.set_exception(exc)
+            return
+        self._complete_deferred()
+        idle_ns = start_ns - self._last_step_end_ns if self._last_step_end_ns else 0
         self._last_step_end_ns = time.perf_counter_ns()
-        return output
+        if more_queued and not pending.ready:  # its ids are still on the device (CUDA): read them after the next
+            self._deferred = (pending, reply, idle_ns)
+        else:
+            _complete(pending, reply, idle_ns)
+
+    def _complete_deferred(self) -> None:
+        if self._deferred is not None:
+            deferred, self._deferred = self._deferred, None
+            _complete(*deferred)
 
     @map_errors
     def PrepareGrammar(self, request: worker_pb2.PrepareGrammarRequest, context  # noqa: N802
@@ -144,6 +171,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
         start_ns = time.perf_counter_ns()
         worker.prepare_grammar(structured_output_from_pb(request.structured_output))
         return worker_pb2.PrepareGrammarReply(compile_time_ns=time.perf_counter_ns() - start_ns)
+
+
+def _complete(pending: PendingStep, reply: futures.Future, idle_ns: int) -> None:
+    """Take a launched step's output (waiting for its ids on the host) and complete its reply."""
+    try:
+        output = pending.result()
+    except BaseException as exc:
+        reply.set_exception(exc)
+        return
+    output.idle_time_ns = idle_ns
+    reply.set_result(output)
 
 
 def _step_attributes(step_id: int, step: StepInput) -> dict:

@@ -8,10 +8,11 @@ worker cannot run fails alone (`StepOutput.failed`); its step-mates go on.
 from __future__ import annotations
 
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from services.gpu_worker.model_runner import ModelRunner
+from services.gpu_worker.pending_output import PendingOutput
 from services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.worker_config import WorkerConfig
@@ -49,8 +50,14 @@ class Worker:
         self.grammars.get(structured)
 
     def execute_step(self, step: StepInput) -> StepOutput:
+        return self.launch_step(step).result()
+
+    def launch_step(self, step: StepInput) -> PendingStep:
+        """Enqueue the step; its output comes from `result()`, which a caller with the next step at hand calls
+        after launching that one (the sampled ids then reach the host without stalling the device)."""
         if step.incarnation_id and step.incarnation_id != self.incarnation_id:
-            return StepOutput(incarnation_id=self.incarnation_id)  # block ids of a worker that is gone: touch nothing
+            # block ids of a worker that is gone: touch nothing
+            return PendingStep(self, None, StepOutput(incarnation_id=self.incarnation_id), [])
         for req_id in step.finished_req_ids:
             self.requests.pop(req_id, None)
         failed = self._apply_deltas(step)
@@ -58,14 +65,10 @@ class Worker:
         for req_id in [r for r in scheduled if r not in self.requests]:
             failed[req_id] = FailedRequest(req_id, "scheduled but unknown to the worker", invalid_argument=False)
             del scheduled[req_id]
-        output = StepOutput()
+        pending = None
         if scheduled:
-            output = self.runner.run([self.requests[r] for r in scheduled], list(scheduled.values()))
-        for failure in output.failed:
-            self.requests.pop(failure.req_id, None)
-        output.failed = [*failed.values(), *output.failed]
-        output.incarnation_id = self.incarnation_id
-        return output
+            pending = self.runner.launch([self.requests[r] for r in scheduled], list(scheduled.values()))
+        return PendingStep(self, pending, StepOutput(), list(failed.values()))
 
     def _apply_deltas(self, step: StepInput) -> dict[str, FailedRequest]:
         """Mirror new requests and extend cached ones; those that fail a check are dropped and returned."""
@@ -104,3 +107,36 @@ class Worker:
             compiled = self.grammars.get(new.sampling.structured_output)
             state.grammar = RequestGrammar.start(compiled, state.output_token_ids)
         return state
+
+
+@dataclass
+class PendingStep:
+    """A launched step: `result()` (once, idempotent) takes the runner's output and drops its failed requests."""
+
+    worker: Worker
+    pending: PendingOutput | None
+    output: StepOutput
+    failed: list[FailedRequest]
+    resolved: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """result() needs no wait for the device."""
+        return self.resolved or self.pending is None or self.pending.resolved
+
+    def result(self) -> StepOutput:
+        if self.resolved:
+            return self.output
+        self.resolved = True
+        if self.pending is None:
+            if self.output.incarnation_id:  # a step for another incarnation
+                return self.output
+        else:
+            self.output = self.pending.result()
+        for failure in self.output.failed:
+            state = self.worker.requests.get(failure.req_id)
+            if state is not None and state.dropped:
+                del self.worker.requests[failure.req_id]
+        self.output.failed = [*self.failed, *self.output.failed]
+        self.output.incarnation_id = self.worker.incarnation_id
+        return self.output

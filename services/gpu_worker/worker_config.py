@@ -29,6 +29,9 @@ class WorkerConfig:
     int8_activations: bool = True  # CPU, fp32: 4-bit grid weights (GGUF Q4_1-like) multiply int8-quantized inputs
     batch_invariant: bool = False  # CPU: a request's numbers never depend on its batch, chunking or preemption
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+    enforce_eager: bool = False  # CUDA: never capture decode graphs (vLLM's --enforce-eager)
+    cuda_graph_sizes: str = ""  # CUDA: padded decode sizes to capture, comma-separated ("": 1,2,4,8,...,256)
+    max_num_seqs: int = 64  # the scheduler's batch limit: no decode graph is captured past it
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_decode_attention import choose_partition_size, paged_decode_attention, plan_splits
+from kernels.paged_decode_attention import (
+    DecodeWorkspace,
+    choose_num_splits,
+    paged_decode_attention,
+    plan_splits,
+    workspace_rows,
+)
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref
@@ -65,11 +71,37 @@ def test_decode_long_split_context_matches_unsplit(device: torch.device) -> None
     assert_close_to_ref(_run(batch, 0.125, None, 64), _ref(batch, 0.125), torch.float32)
 
 
-@pytest.mark.parametrize(("num_programs", "visible_len", "num_sms", "expected"), [
-    (8, 8192, 132, 256),  # one request: 32 splits of MIN_PARTITION fill the device
-    (2048, 8192, 132, 8192),  # 256 requests x 8 kv heads already fill it: no split
-    (64, 8192, 132, 1639),  # ceil(264 / 64) = 5 splits of ceil(8192 / 5) tokens
-    (8, 100, 132, 100),  # short contexts never split
+@pytest.mark.parametrize(("num_programs", "max_len", "num_sms", "expected"), [
+    (8, 8192, 132, 32),  # one request: 32 splits of MIN_PARTITION fill the device
+    (2048, 8192, 132, 1),  # 256 requests x 8 kv heads already fill it: no split
+    (64, 8192, 132, 5),  # ceil(264 / 64) = 5 splits
+    (8, 100, 132, 1),  # short contexts never split
 ])
-def test_choose_partition_size(num_programs: int, visible_len: int, num_sms: int, expected: int) -> None:
-    assert choose_partition_size(num_programs, visible_len, num_sms) == expected
+def test_choose_num_splits(num_programs: int, max_len: int, num_sms: int, expected: int) -> None:
+    assert choose_num_splits(num_programs, max_len, num_sms) == expected
+
+
+def test_per_request_splits_with_a_static_bound(device: torch.device) -> None:
+    # The launch sees only a static bound (a 64-block table of 16 tokens) and 8 planned splits; each request cuts
+    # its own context in the kernel: 1 and 20 tokens use one split, 300 uses two, 1000 uses four.
+    batch = make_batch([1, 20, 300, 1000], [1] * 4, 4, 2, 64, 16, torch.float32, device, seed=5)
+    tables = torch.zeros(4, 64, dtype=torch.int32, device=device)
+    tables[:, : batch.block_tables.shape[1]] = batch.block_tables
+    assert plan_splits(8, 64, 1024, device, num_sms=32).num_splits == 4
+    out = paged_decode_attention(batch.query, batch.key_cache, batch.value_cache, tables, batch.seq_lens, 0.125,
+                                 64 * 16, num_sms=32)
+    assert_close_to_ref(out, _ref(batch, 0.125), torch.float32)
+
+
+def test_workspace_is_reused_and_checked(device: torch.device) -> None:
+    batch = make_batch([300, 700], [1, 1], 4, 2, 64, 16, torch.float32, device, seed=9)
+    rows = workspace_rows(2, 4, 2, 64, 704, device, num_sms=16)
+    assert rows == 2 * 4 * 3
+    workspace = DecodeWorkspace.allocate(rows, 64, device)
+    workspace.part_max.fill_(float("nan"))  # stale scratch must never leak into an output
+    out = paged_decode_attention(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
+                                 0.125, 704, workspace=workspace, num_sms=16)
+    assert_close_to_ref(out, _ref(batch, 0.125), torch.float32)
+    with pytest.raises(ValueError, match="workspace holds"):
+        paged_decode_attention(batch.query, batch.key_cache, batch.value_cache, batch.block_tables, batch.seq_lens,
+                               0.125, 704, workspace=DecodeWorkspace.allocate(4, 64, device), num_sms=16)
