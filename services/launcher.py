@@ -37,6 +37,7 @@ from services.serve_config import (
 from services.serve_replicas import child_plans, replica_configs
 from shared.cli_config import flag_name
 from shared.drain_timing import CUT_GRACE_S
+from shared.gguf_folder import served_folder
 from shared.model_dir import model_dir_problem
 
 _PR_SET_PDEATHSIG = 1
@@ -231,8 +232,14 @@ def _say(text: str) -> None:
 
 
 def checked_config(argv: Sequence[str] | None, prog: str | None) -> ServeConfig | str:
-    """The config to start, or the one-line reason not to start anything (model folder, ports)."""
+    """The config to start, or the one-line reason not to start anything (model folder, ports). A GGUF file (or a
+    folder holding one alone) is served through the folder of its config and tokenizer (shared/gguf_folder.py)."""
     config = parse_serve_config(argv, prog)
+    try:
+        folder = served_folder(config.launcher.model_dir)
+    except (ValueError, OSError) as exc:
+        return f"cannot serve {config.launcher.model_dir!r}: {exc}"
+    config = dataclasses.replace(config, launcher=dataclasses.replace(config.launcher, model_dir=folder))
     problem = model_dir_problem(config.launcher.model_dir)
     if problem is not None:
         return problem

@@ -53,7 +53,7 @@ docs/configuration.md."""
 
 @dataclass(frozen=True)
 class LauncherConfig:
-    model_dir: str  # Hugging Face model folder to serve (config.json, tokenizer, *.safetensors)
+    model_dir: str  # Hugging Face model folder to serve (config.json, tokenizer, *.safetensors), or a *.gguf file
     startup_timeout_s: float = 600.0  # give up when the gateway is not healthy by then
     stop_timeout_s: float = 15.0  # per service, before SIGKILL
     replicas: int = 1  # engine replicas (scheduler + worker pairs) started here; the gateway routes over them

@@ -3,6 +3,8 @@ and write it out as a plain Hugging Face folder: config.json, generation_config.
 model.safetensors. Idempotent: a folder that is already complete is left alone.
 
 Usage: python -m shared.default_model [--out models/SmolLM2-135M-Instruct]
+       python -m shared.default_model --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf  (the GGUF file alone, which
+       `pagedserve serve` serves as it is: docs/models.md)
 """
 
 from __future__ import annotations
@@ -69,7 +71,15 @@ def convert(gguf_path: Path, out_dir: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: %(default)s)")
+    parser.add_argument("--gguf", type=Path, help="write only the GGUF file here (no conversion)")
     args = parser.parse_args()
+    if args.gguf is not None:
+        if not args.gguf.is_file():
+            with tempfile.TemporaryDirectory() as tmp:
+                args.gguf.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(download_gguf(Path(tmp)), args.gguf)
+        print(f"model ready: {args.gguf}")
+        return
     if is_complete(args.out):
         print(f"model ready: {args.out}")
         return

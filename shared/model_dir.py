@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_HINT = "give a local Hugging Face model folder (config.json, tokenizer files, *.safetensors); `make model` fetches " \
+_HINT = "give a local Hugging Face model folder (config.json, tokenizer files, *.safetensors or one *.gguf) or a " \
+        "*.gguf file; `make model` fetches " \
         "the default one to models/SmolLM2-135M-Instruct"
 
 
@@ -18,7 +19,8 @@ def model_dir_problem(model_dir: str, weights: bool = True, tokenizer: bool = Tr
         return f"model folder {model_dir!r} is not a folder: {_HINT}"
     missing = [name for name, found in (
         ("config.json", (path / "config.json").is_file()),
-        ("*.safetensors weights", not weights or any(path.glob("*.safetensors"))),
+        ("*.safetensors or *.gguf weights", not weights or any(path.glob("*.safetensors"))
+         or any(path.glob("*.gguf"))),
         ("tokenizer (tokenizer.json or tokenizer_config.json)", not tokenizer
          or (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()),
     ) if not found]

@@ -28,7 +28,7 @@ enum { PROJ_INT8_Q4 = 0, PROJ_PACKED_F32 = 1, PROJ_PACKED_CODED = 2 };
 
 /* One projection: which GEMM, its sizes, and its packed tensors in that kernel's argument order. */
 typedef struct {
-    int kind, in, out, bits;
+    int kind, in, out, bits, group; /* group: inputs per scale of coded weights */
     const void *tensors[3]; /* int8: codes, scales, offsets; packed: values(, scales, offsets) */
     const float *bias;      /* or NULL */
 } projection_t;
@@ -42,8 +42,8 @@ typedef struct {
 typedef int (*int8_linear_fn)(const float *, const void *, const void *, const void *, const float *, float *, int,
                               int, int, int);
 typedef int (*packed_f32_fn)(const float *, const void *, const float *, float *, int, int, int, int);
-typedef int (*packed_coded_fn)(const float *, const void *, const void *, const void *, int, const float *, float *,
-                               int, int, int, int);
+typedef int (*packed_coded_fn)(const float *, const void *, const void *, const void *, int, int, const float *,
+                               float *, int, int, int, int);
 typedef void (*rms_norm_fn)(const void *, void *, const void *, void *, int, int, float, int);
 typedef void (*silu_mul_fn)(const void *, void *, int, int, int);
 typedef void (*rotary_fn)(void *, int64_t, const void *, const void *, int, int, int, int);
@@ -80,7 +80,7 @@ static int project(const kernels_t *k, const projection_t *p, const float *x, fl
     case PROJ_PACKED_F32:
         return k->packed_f32(x, t[0], p->bias, y, rows, p->in, p->out, threads);
     default:
-        return k->packed_coded(x, t[0], t[1], t[2], p->bits, p->bias, y, rows, p->in, p->out, threads);
+        return k->packed_coded(x, t[0], t[1], t[2], p->bits, p->group, p->bias, y, rows, p->in, p->out, threads);
     }
 }
 

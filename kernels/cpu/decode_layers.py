@@ -20,7 +20,7 @@ INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kind
 
 class _Projection(ctypes.Structure):
     _fields_ = [("kind", _int), ("in_features", _int), ("out_features", _int), ("bits", _int),
-                ("tensors", _ptr * 3), ("bias", _ptr)]
+                ("group", _int), ("tensors", _ptr * 3), ("bias", _ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -90,14 +90,15 @@ def _address(entry) -> int:
 def _projection(p: Projection) -> _Projection:
     w = p.weight
     if isinstance(w, Int8Weight):
-        kind, bits, tensors = INT8_Q4, 4, w.tensors()
+        kind, bits, group, tensors = INT8_Q4, 4, 32, w.tensors()
     else:
-        kind, bits = (PACKED_F32, 32) if w.bits == 32 else (PACKED_CODED, w.bits)
+        kind, bits, group = (PACKED_F32, 32, 32) if w.bits == 32 else (PACKED_CODED, w.bits, w.group)
         tensors = tuple(t for t in (w.values, w.scales, w.offsets) if t is not None)
     if p.bias is not None and (p.bias.dtype != torch.float32 or not p.bias.is_contiguous()):
         raise ValueError("projection biases must be contiguous fp32")
     pointers = (_ptr * 3)(*(t.data_ptr() for t in tensors))
-    return _Projection(kind, w.in_features, w.out_features, bits, pointers, 0 if p.bias is None else p.bias.data_ptr())
+    bias = 0 if p.bias is None else p.bias.data_ptr()
+    return _Projection(kind, w.in_features, w.out_features, bits, group, pointers, bias)
 
 
 class DecodeLayers:

@@ -37,8 +37,8 @@ class Int8Weight:
 
 def pack_grid(grid: WeightGrid) -> Int8Weight:
     """A 4-bit WeightGrid -> the kernel's panels (columns past the last are zero codes with zero scales)."""
-    if grid.bits != 4:
-        raise ValueError(f"the int8 GEMM takes 4-bit grids, not {grid.bits}-bit ones")
+    if not supports(grid):
+        raise ValueError(f"the int8 GEMM takes 4-bit grids of 32 inputs, not {grid.bits}-bit ones of {grid.group}")
     out_features, in_features = grid.codes.shape
     codes = padded_rows(grid.codes).view(-1, 2, 8, in_features // 4, 4).permute(0, 3, 2, 4, 1)
     panels = codes.shape[0]
@@ -48,7 +48,7 @@ def pack_grid(grid: WeightGrid) -> Int8Weight:
 
 
 def supports(grid: WeightGrid | None) -> bool:
-    return grid is not None and grid.bits == 4 and grid.codes.shape[1] % GROUP == 0
+    return grid is not None and grid.bits == 4 and grid.group == GROUP and grid.codes.shape[1] % GROUP == 0
 
 
 class Int8Linear:

@@ -11,15 +11,17 @@
  * Measurements: docs/cpu.md.
  *
  * Coded panels: a weight that is exactly q * scale + offset in fp32 for integer codes q and one (scale, offset)
- * per column and GROUP = 32 inputs (a model dequantized from a 4- or 8-bit checkpoint, like the default model)
- * is packed as those codes, and each k-block of a panel is expanded back into fp32 in L1 before the same tiles
- * run. The expansion is exact (scales have at most 11 significant bits, so q * scale is exact and a fused
- * multiply-add rounds like the separate ones), so outputs are bit for bit those of the fp32 panels while a decode
- * step streams 0.75 (4-bit) or 1.25 (8-bit) bytes per weight instead of 4.
+ * per column and group of 32 inputs (16 for GGUF Q6_K's sub-blocks; a GGUF checkpoint's blocks, or a model
+ * dequantized from one, like the default model) is packed as those codes, and each k-block of a panel is expanded
+ * back into fp32 in L1 before the same tiles run. The expansion is exact where q * scale is (scales of at most 24
+ * minus the codes' bits significant bits, as GGUF's are: a fused multiply-add then rounds like the separate
+ * ones), so outputs are bit for bit those of the fp32 panels while a decode step streams 0.75 (4-bit) or 1.25
+ * (8-bit) bytes per weight instead of 4.
  *
  * Layouts (contiguous): x [rows, in] fp32, bias [out] fp32 or NULL, y [rows, out] fp32; fp32 panels
  * [panels, in, 16]; 4-bit codes [panels, in, 8] uint8 (byte j: column j in the low nibble, j + 8 in the high);
- * 8-bit codes [panels, in, 16] int8; scales and offsets [panels, in / 32, 16] fp32 (coded: in % 32 == 0).
+ * 8-bit codes [panels, in, 16] int8; scales and offsets [panels, in / group, 16] fp32 (coded: in % group == 0,
+ * group 32, or 16 for 8-bit codes).
  * Entry points: packed_linear_f32, packed_linear_coded. Return 0.
  */
 #include <omp.h>
@@ -31,13 +33,13 @@
 #define TILE_ROWS 6
 #define BLOCK_ROWS 96
 #define K_BLOCK 256
-#define GROUP 32
 #define DIRECT_CHUNK 16 /* panels per work item of direct_rows (a multiple of 4) */
 
 typedef struct {
     const void *values; /* fp32 panels, or codes */
     const float *scales, *offsets;
-    int bits; /* 32 (fp32 panels), 8 or 4 */
+    int bits;        /* 32 (fp32 panels), 8 or 4 */
+    int group_shift; /* log2 of the inputs per (scale, offset): 5, or 4 for 8-bit codes */
 } weights_t;
 
 /* `rows` rows of x (from the k-block's first input) through a panel's k-block of `count` inputs (w [count][16]).
@@ -70,7 +72,7 @@ INLINE void tile(const float *x, const float *w, const float *bias, float *y, fl
 #define DIRECT_ROWS 4 /* up to this many rows skip the tiles (direct(), below) */
 
 /* Row k of panel p as two 8-float halves: fp32 panels loaded, codes expanded (w = q * scale + offset) with the
- * scales and offsets of k's group, `group` = (p * in / 32 + k / 32) * 16. */
+ * scales and offsets of k's group, `group` = (p * in / group size + k / group size) * 16. */
 INLINE void panel_row(const weights_t *wt, int64_t p, int in, int k, int64_t group, __m256 w[2]) {
     if (wt->bits == 32) {
         const float *src = (const float *)wt->values + (p * in + k) * PANEL;
@@ -95,7 +97,7 @@ INLINE void panel_row(const weights_t *wt, int64_t p, int in, int k, int64_t gro
 
 INLINE void expand_row(const weights_t *wt, int64_t p, int in, int k, float *w) {
     __m256 row[2];
-    panel_row(wt, p, in, k, (p * (in / GROUP) + k / GROUP) * PANEL, row);
+    panel_row(wt, p, in, k, (p * (in >> wt->group_shift) + (k >> wt->group_shift)) * PANEL, row);
     _mm256_storeu_ps(w, row[0]);
     _mm256_storeu_ps(w + 8, row[1]);
 }
@@ -112,9 +114,10 @@ INLINE void direct(const float *x, weights_t wt, const float *bias, float *y, in
     for (int r = 0; r < rows; r++)
 #pragma GCC unroll 4
         for (int i = 0; i < count; i++) acc[r][i][0] = acc[r][i][1] = _mm256_setzero_ps();
-    for (int k0 = 0; k0 < in; k0 += GROUP) {
-        const int k1 = k0 + GROUP < in ? k0 + GROUP : in;
-        const int64_t group = (p0 * (in / GROUP) + k0 / GROUP) * PANEL, panel_groups = (int64_t)(in / GROUP) * PANEL;
+    const int size = 1 << wt.group_shift, groups = in >> wt.group_shift;
+    for (int k0 = 0; k0 < in; k0 += size) {
+        const int k1 = k0 + size < in ? k0 + size : in;
+        const int64_t group = (p0 * groups + k0 / size) * PANEL, panel_groups = (int64_t)groups * PANEL;
         for (int k = k0; k < k1; k++) {
 #pragma GCC unroll 4
             for (int i = 0; i < count; i++) {
@@ -180,7 +183,7 @@ static void direct_rows(const float *x, const weights_t *wt, const float *bias, 
 INLINE void expand_row(const weights_t *wt, int64_t p, int in, int k, float *w) {
     const int row_bytes = wt->bits * PANEL / 8;
     const uint8_t *b = (const uint8_t *)wt->values + (p * in + k) * row_bytes;
-    const int64_t g = (p * (in / GROUP) + k / GROUP) * PANEL;
+    const int64_t g = (p * (in >> wt->group_shift) + (k >> wt->group_shift)) * PANEL;
     for (int j = 0; j < PANEL; j++) {
         int q = wt->bits == 8 ? (int8_t)b[j] : j < PANEL / 2 ? b[j] & 15 : b[j - PANEL / 2] >> 4;
         w[j] = (float)q * wt->scales[g + j] + wt->offsets[g + j];
@@ -241,14 +244,14 @@ static void packed_linear(const float *x, const weights_t *wt, const float *bias
 
 int packed_linear_f32(const float *x, const float *packed, const float *bias, float *y, int rows, int in, int out,
                       int num_threads) {
-    weights_t wt = {packed, NULL, NULL, 32};
+    weights_t wt = {packed, NULL, NULL, 32, 5};
     packed_linear(x, &wt, bias, y, rows, in, out, num_threads);
     return 0;
 }
 
 int packed_linear_coded(const float *x, const void *codes, const float *scales, const float *offsets, int bits,
-                        const float *bias, float *y, int rows, int in, int out, int num_threads) {
-    weights_t wt = {codes, scales, offsets, bits};
+                        int group, const float *bias, float *y, int rows, int in, int out, int num_threads) {
+    weights_t wt = {codes, scales, offsets, bits, group == 16 ? 4 : 5};
     packed_linear(x, &wt, bias, y, rows, in, out, num_threads);
     return 0;
 }

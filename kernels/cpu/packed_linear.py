@@ -13,14 +13,14 @@ from kernels.cpu.weight_grid import WeightGrid, find_grid
 
 PANEL = 16  # packed_linear.c: output columns per panel
 _F32_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-_CODED_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
+_CODED_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 4
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [out, in] in panels of 16 output columns: fp32 values [panels, in, 16] (bits 32), or codes
     ([panels, in, 8] uint8 nibble pairs for 4 bits, [panels, in, 16] int8 for 8) with fp32 scales and offsets
-    [panels, in / 32, 16]."""
+    [panels, in / group, 16] (group 32, or 16 for 8-bit codes)."""
 
     out_features: int
     in_features: int
@@ -28,6 +28,7 @@ class PackedWeight:
     scales: torch.Tensor | None = None
     offsets: torch.Tensor | None = None
     bits: int = 32
+    group: int = 32
 
     def nbytes(self) -> int:
         extra = [t for t in (self.scales, self.offsets) if t is not None]
@@ -38,16 +39,18 @@ def supports(weight: torch.Tensor) -> bool:
     return weight.dim() == 2 and weight.dtype == torch.float32 and weight.device.type == "cpu"
 
 
-def pack_weight(weight: torch.Tensor, find_codes: bool = True, grid: WeightGrid | None = None) -> PackedWeight:
+def pack_weight(weight: torch.Tensor | None, find_codes: bool = True, grid: WeightGrid | None = None) -> PackedWeight:
     """weight [out, in] fp32 -> panels (column 16p + j of panel p at [p, k, j], zero-padded), coded when
-    `find_codes` and the weight is an exact grid (`grid`, when the caller has looked for it already)."""
+    `find_codes` and the weight is an exact grid (`grid`, when the caller has looked for it already or the
+    checkpoint held codes: `weight` may then be None)."""
     grid = grid if grid is not None else find_grid(weight) if find_codes else None
     if grid is None:
         return PackedWeight(*weight.shape, to_panels(weight))
     codes = to_panels(grid.codes)
     if grid.bits == 4:
         codes = codes[..., :PANEL // 2] | (codes[..., PANEL // 2:] << 4)
-    return PackedWeight(*weight.shape, codes.contiguous(), to_panels(grid.scales), to_panels(grid.offsets), grid.bits)
+    return PackedWeight(*grid.codes.shape, codes.contiguous(), to_panels(grid.scales), to_panels(grid.offsets),
+                        grid.bits, grid.group)
 
 
 def padded_rows(matrix: torch.Tensor) -> torch.Tensor:
@@ -92,5 +95,5 @@ class PackedLinear:
             self.f32(x.data_ptr(), weight.values.data_ptr(), bias_ptr, out.data_ptr(), *sizes)
         else:
             self.coded(x.data_ptr(), weight.values.data_ptr(), weight.scales.data_ptr(), weight.offsets.data_ptr(),
-                       weight.bits, bias_ptr, out.data_ptr(), *sizes)
+                       weight.bits, weight.group, bias_ptr, out.data_ptr(), *sizes)
         return out

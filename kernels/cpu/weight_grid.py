@@ -16,12 +16,14 @@ GROUP = 32  # inputs per (scale, offset)
 
 @dataclass(frozen=True)
 class WeightGrid:
-    """weight[o, k] == codes[o, k] * scales[o, k // 32] + offsets[o, k // 32], exactly in fp32."""
+    """weight[o, k] == codes[o, k] * scales[o, k // group] + offsets[o, k // group], exactly in fp32 (codes times
+    scales exact: few enough significant bits, as in fp16 scales or GGUF's K-quant scales)."""
 
     codes: torch.Tensor  # [out, in]: uint8 in [0, 15] for 4 bits, int8 for 8
-    scales: torch.Tensor  # [out, in / 32] fp32, each with at most 11 significant bits (fp16 values)
-    offsets: torch.Tensor  # [out, in / 32] fp32
+    scales: torch.Tensor  # [out, in / group] fp32
+    offsets: torch.Tensor  # [out, in / group] fp32
     bits: int
+    group: int = GROUP  # 32, or 16 (8-bit codes only: GGUF Q6_K)
 
 
 def find_grid(weight: torch.Tensor) -> WeightGrid | None:

@@ -1,8 +1,10 @@
-"""Load a Hugging Face model folder's safetensors into DecoderLM, fusing q|k|v and gate|up on the way."""
+"""Load a Hugging Face model folder's safetensors into DecoderLM, fusing q|k|v and gate|up on the way (a folder
+holding a GGUF file instead: gguf/load.py)."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,7 @@ from safetensors import safe_open
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
+from shared.gguf_folder import find_gguf
 
 if TYPE_CHECKING:
     from services.gpu_worker.platforms.platform import Platform
@@ -36,8 +39,8 @@ def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename checkpoint keys to DecoderLM's and fuse the split projections."""
+def to_model_state(checkpoint: dict, config: ModelConfig, concat: Callable[[list], object] = torch.cat) -> dict:
+    """Rename checkpoint keys to DecoderLM's and fuse the split projections (`concat` stacks their rows)."""
     state: dict[str, torch.Tensor] = {}
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for name, tensor in checkpoint.items():
@@ -57,13 +60,18 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
             pending.setdefault(f"layers.{layer}.{fused}.{kind}", {})[module] = tensor
     for key, parts in pending.items():
         fused = key.split(".", 2)[2].rsplit(".", 1)[0]
-        state[key] = torch.cat([parts[p] for p in _FUSED[fused]], dim=0)
+        state[key] = concat([parts[p] for p in _FUSED[fused]])
     return state
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
                platform: Platform) -> DecoderLM:
     """The model on the platform's device, every layer bound to the platform's kernels."""
+    gguf = None if any(Path(model_dir).glob("*.safetensors")) else find_gguf(model_dir)
+    if gguf is not None:
+        from services.gpu_worker.gguf.load import load_gguf_model
+
+        return load_gguf_model(gguf, config, backend, max_positions, platform)
     model = DecoderLM(config, backend, max_positions)
     device = platform.device
     state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(

@@ -105,3 +105,25 @@ def test_coded_layout() -> None:
     assert packed.values[1, k, 1] == grid.codes[PANEL + 1, k] | (grid.codes[column, k] << 4)
     assert packed.scales[1, k // 32, 9] == grid.scales[column, k // 32]
     assert torch.equal(packed.values[1, :, 6:] >> 4, torch.zeros(64, 2, dtype=torch.uint8))  # columns 30, 31: padding
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize(("in_features", "out_features"), [(256, 40), (768, 33)])
+def test_gguf_block_grids_give_the_fp32_panels_numbers(qtype: str, in_features: int, out_features: int) -> None:
+    """A GGUF tensor's blocks as a grid (Q6_K: 8-bit codes in groups of 16) through the coded panels: the numbers
+    of its dequantized fp32 weight (gguf.quants) in fp32 panels, bit for bit."""
+    from services.gpu_worker.gguf.blocks import grid_from_blocks
+    from tests.unit.gpu_worker.tiny_gguf import quantize as gguf_quantize
+
+    kind = GGMLQuantizationType[qtype]
+    rng = np.random.default_rng(in_features + out_features)
+    blocks = gguf_quantize(rng.standard_normal((out_features, in_features)).astype(np.float32) * 0.05, kind)
+    weight = torch.from_numpy(dequantize(blocks, kind).copy())
+    grid = grid_from_blocks(blocks, kind, out_features, in_features)
+    coded, panels = pack_weight(None, grid=grid), pack_weight(weight, find_codes=False)
+    assert (coded.bits, coded.group) == ((8, 16) if qtype == "Q6_K" else (8, 32) if qtype == "Q5_K" else (4, 32))
+    torch.manual_seed(in_features)
+    kernel, bias = PackedLinear(), torch.randn(out_features)
+    for rows in (1, 2, 3, 4, 5, 7, 97):
+        x = torch.randn(rows, in_features)
+        assert torch.equal(kernel(x, coded, bias), kernel(x, panels, bias)), rows

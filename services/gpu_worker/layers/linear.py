@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from services.gpu_worker.step_rows import StepRows
+
+if TYPE_CHECKING:
+    from kernels.cpu.weight_grid import WeightGrid
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x [rows, in] -> x @ weight.T (+ bias), for one bound weight
 
@@ -19,7 +22,9 @@ class LinearKernel(Protocol):
 
 
 class Linear(torch.nn.Module):
-    """y = x @ weight.T (+ bias) through `kernel`, bound by the platform once the weights are loaded."""
+    """y = x @ weight.T (+ bias) through `kernel`, bound by the platform once the weights are loaded. A GGUF
+    checkpoint's quantized weight comes as `grid` instead (weight stays on the meta device) for a platform that
+    takes grids (Platform.takes_weight_grids); binding drops it."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -28,6 +33,7 @@ class Linear(torch.nn.Module):
                                          requires_grad=False)
         self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=dtype, device="meta"),
                                        requires_grad=False) if bias else None
+        self.grid: WeightGrid | None = None
         self.kernel: LinearKernel = _unbound
 
     def forward(self, x: torch.Tensor, rows: StepRows) -> torch.Tensor:

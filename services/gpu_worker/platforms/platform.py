@@ -63,6 +63,11 @@ class Platform(ABC):
             raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")
         return self.default_attention_backend if name == "auto" else name
 
+    def takes_weight_grids(self, dtype: torch.dtype) -> bool:
+        """Whether a `dtype` model's linears may come as quantized grids (Linear.grid: a GGUF checkpoint's blocks)
+        for bind_layers to run as they are (default: no, the loader dequantizes them)."""
+        return False
+
     def bind_layers(self, model: DecoderLM) -> None:
         """Give every layer of `model` its kernels, after its weights are loaded (default: the portable torch ones,
         which the layers start with, and F.linear for the linears)."""

@@ -130,16 +130,19 @@ def _prompt_product(layer: Linear, packed: torch.Tensor | None, tile: int) -> Pr
 
 def _bind_c_gemms(layers: list[Linear], native: NativeKernels, int8_activations: bool) -> bool:
     """fp32: every layer on the packed GEMM or (4-bit grids, int8_activations) the int8 one; False where not all
-    layers can be."""
-    if not layers or not all(supports_packed(layer.weight) for layer in layers) or native.packed_linear is None:
+    layers can be. A layer's grid is the checkpoint's (Linear.grid, then dropped) or found in its weight."""
+    if not layers or not all(layer.grid is not None or supports_packed(layer.weight) for layer in layers):
         return False
-    grids = {layer: find_grid(layer.weight) for layer in layers}
+    if native.packed_linear is None:
+        return False
+    grids = {layer: layer.grid if layer.grid is not None else find_grid(layer.weight) for layer in layers}
     int8 = native.int8_linear if int8_activations and any(map(supports_int8, grids.values())) else None
     for layer, grid in grids.items():
         if int8 is not None and supports_int8(grid):
             layer.kernel = CGemmLinear(int8, pack_grid(grid), layer.bias)
         else:
             layer.kernel = CGemmLinear(native.packed_linear, pack_weight(layer.weight, grid=grid), layer.bias)
+        layer.grid = None  # the packed copy replaces it
     _log_packing([layer.kernel.weight for layer in layers])
     return True
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu.packed_linear import PackedWeight
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from services.gpu_worker.kv_cache import KVCache
+from services.gpu_worker.layers.grid_embedding import GridEmbedding
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import parse_dtype
 from services.gpu_worker.platforms.cpu import attention
 from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_fast_bf16
 from services.gpu_worker.platforms.cpu.elementwise import bind_fused_ops
 from services.gpu_worker.platforms.cpu.grid_checkpoint import has_4bit_grid_weights
-from services.gpu_worker.platforms.cpu.linear import LinearOptions, bind_linears
+from services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions, bind_linears
 from services.gpu_worker.platforms.cpu.native import NativeKernels
 from services.gpu_worker.platforms.cpu.one_call_decode import build_one_call_decode
 from services.gpu_worker.platforms.platform import ModelForward, Platform
 from services.gpu_worker.worker_config import WorkerConfig
+from shared.gguf_folder import find_gguf
 
 
 class CpuPlatform(Platform):
@@ -45,7 +48,8 @@ class CpuPlatform(Platform):
     def serving_dtype(self, checkpoint: torch.dtype, model_dir: str | None = None) -> torch.dtype:
         """bf16 checkpoints keep their dtype. fp32 checkpoints whose projections are exact 4-bit grids stay fp32
         where the C int8 kernel runs them (it reads half a byte a weight where bf16 reads two: one stream decodes
-        about 2.7x faster than in bf16 on a Zen 4 CPU, docs/cpu.md). Other fp32 and fp16 ones run in bf16 on CPUs
+        about 2.7x faster than in bf16 on a Zen 4 CPU, docs/cpu.md), and so do GGUF checkpoints where the C GEMMs
+        run their blocks. Other fp32 and fp16 ones run in bf16 on CPUs
         with AVX512-BF16 or AMX, else in fp32 (fp16 and, without those, bf16 matmuls are slow on CPUs)."""
         if checkpoint == torch.bfloat16:
             return checkpoint
@@ -54,6 +58,8 @@ class CpuPlatform(Platform):
         return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
     def _runs_grid_weights(self, model_dir: str) -> bool:
+        if self.native is not None and find_gguf(model_dir) is not None:
+            return self.takes_weight_grids(torch.float32)
         if not self.options.int8_activations or self.native is None:
             return False
         return has_4bit_grid_weights(model_dir) and self.native.int8_linear is not None
@@ -77,8 +83,16 @@ class CpuPlatform(Platform):
         return attention.torch_backend(shape, query_dtype, cache_dtype, block_size, self.native,
                                        self.options.torch_compile, self.options.batch_invariant)
 
+    def takes_weight_grids(self, dtype: torch.dtype) -> bool:
+        """fp32 models whose C GEMMs build: they run 4- and 8-bit codes as they are."""
+        return dtype == torch.float32 and self.native is not None and self.native.packed_linear is not None
+
     def bind_layers(self, model: DecoderLM) -> None:
         bind_linears(model.linears(), self.native, self.options)
+        head = model.lm_head.kernel
+        if (model.config.tie_word_embeddings and isinstance(model.embed_tokens, GridEmbedding)
+                and isinstance(head, CGemmLinear) and isinstance(head.weight, PackedWeight)):
+            model.embed_tokens.weight = head.weight  # the same codes: one copy
         if self.native is not None and self.native.fused_ops is not None:
             bind_fused_ops(model, self.native.fused_ops)
 

@@ -1,0 +1,1 @@
+"""Serving GGUF checkpoints: their quantized blocks as weight grids, their tensor names as DecoderLM's."""
