@@ -3,8 +3,6 @@ holding a GGUF file instead: gguf/load.py)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,19 +10,13 @@ import torch
 from safetensors import safe_open
 
 from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.checkpoint_keys import to_model_state
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
 from shared.gguf_folder import find_gguf
 
 if TYPE_CHECKING:
     from services.gpu_worker.platforms.platform import Platform
-
-_FUSED = {  # fused parameter -> the checkpoint parameters concatenated (along dim 0) to make it
-    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
-}
-_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
-
 
 def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
     """All tensors of every *.safetensors file in the folder (sharded checkpoints included)."""
@@ -37,31 +29,6 @@ def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
                 tensors[name] = f.get_tensor(name)
     return tensors
-
-
-def to_model_state(checkpoint: dict, config: ModelConfig, concat: Callable[[list], object] = torch.cat) -> dict:
-    """Rename checkpoint keys to DecoderLM's and fuse the split projections (`concat` stacks their rows)."""
-    state: dict[str, torch.Tensor] = {}
-    pending: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in checkpoint.items():
-        if name == "lm_head.weight":
-            if not config.tie_word_embeddings:
-                state[name] = tensor
-            continue
-        match = _LAYER_KEY.match(name)
-        if match is None:
-            state[name.removeprefix("model.")] = tensor
-            continue
-        layer, module, kind = match.groups()
-        fused = next((f for f, parts in _FUSED.items() if module in parts), None)
-        if fused is None:
-            state[f"layers.{layer}.{module}.{kind}"] = tensor
-        else:
-            pending.setdefault(f"layers.{layer}.{fused}.{kind}", {})[module] = tensor
-    for key, parts in pending.items():
-        fused = key.split(".", 2)[2].rsplit(".", 1)[0]
-        state[key] = concat([parts[p] for p in _FUSED[fused]])
-    return state
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,

@@ -31,7 +31,7 @@ class WorkerConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
     enforce_eager: bool = False  # CUDA: never capture decode graphs (vLLM's --enforce-eager)
     cuda_graph_sizes: str = ""  # CUDA: padded decode sizes to capture, comma-separated ("": 1,2,4,8,...,256)
-    max_num_seqs: int = 64  # the scheduler's batch limit: no decode graph is captured past it
+    max_num_seqs: int = 64  # running requests at most (the scheduler's limit; no decode graph past it)
 
     def __post_init__(self) -> None:
         check_choices(self)

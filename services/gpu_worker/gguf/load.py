@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from kernels.cpu.packed_linear import pack_weight
 from kernels.cpu.weight_grid import WeightGrid
 from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.checkpoint_keys import to_model_state
 from services.gpu_worker.gguf.checkpoint import Weight, concat_rows, dequantize, read_gguf
 from services.gpu_worker.layers.grid_embedding import GridEmbedding
 from services.gpu_worker.layers.linear import Linear
-from services.gpu_worker.loader import to_model_state
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
 

@@ -53,7 +53,9 @@ def test_vllm_names_reach_the_right_services():
     assert (gateway.host, gateway.port, gateway.api_key) == ("0.0.0.0", 9000, "secret")
     scheduler_argv = child_command(config, "scheduler")
     assert scheduler_argv[scheduler_argv.index("--max-num-seqs") + 1] == "8"
-    assert "--max-num-seqs" not in child_command(config, "worker") + child_command(config, "gateway")
+    worker_argv = child_command(config, "worker")  # the worker captures no decode graph past the batch limit
+    assert worker_argv[worker_argv.index("--max-num-seqs") + 1] == "8"
+    assert "--max-num-seqs" not in child_command(config, "gateway")
     worker_argv = child_command(config, "worker")
     assert worker_argv[3] == MODEL and worker_argv[worker_argv.index("--model-name") + 1] == "x"
 
@@ -135,7 +137,8 @@ def test_help_is_grouped_by_service_with_defaults_and_variables():
                 "gateway: HTTP, OpenAI API, tokenizer, chat template:"]
     positions = [text.index(section) for section in sections]
     assert positions == sorted(positions)
-    assert "--max-num-seqs INT running requests at most [env PAGEDSERVE_MAX_NUM_SEQS; default 64]" in text
+    assert ("--max-num-seqs INT running requests at most (the scheduler's limit; no decode graph past it) "
+            "(worker, scheduler) [env PAGEDSERVE_MAX_NUM_SEQS; default 64]") in text
     assert "--enable-prefix-caching [BOOL], --no-enable-prefix-caching" in text
     assert "--model-name STR, --served-model-name STR" in text
     assert "[env PAGEDSERVE_KV_CACHE_MEMORY_BYTES; default 4GiB]" in text
