@@ -233,7 +233,7 @@ def _say(text: str) -> None:
 def checked_config(argv: Sequence[str] | None, prog: str | None) -> ServeConfig | str:
     """The config to start, or the one-line reason not to start anything (model folder, ports)."""
     config = parse_serve_config(argv, prog)
-    problem = model_dir_problem(config.launcher.model_dir)
+    problem = model_dir_problem(config.launcher.model_dir, weights=config.worker.worker.load_format != "dummy")
     if problem is not None:
         return problem
     try:

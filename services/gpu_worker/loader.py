@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.dummy_weights import dummy_state
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
 
@@ -62,12 +63,16 @@ def to_model_state(checkpoint: dict[str, torch.Tensor], config: ModelConfig) -> 
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               platform: Platform) -> DecoderLM:
-    """The model on the platform's device, every layer bound to the platform's kernels."""
+               platform: Platform, load_format: str = "auto") -> DecoderLM:
+    """The model on the platform's device, every layer bound to the platform's kernels; `load_format` "dummy":
+    seeded random weights instead of the checkpoint's (dummy_weights.py)."""
     model = DecoderLM(config, backend, max_positions)
     device = platform.device
-    state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
-        read_checkpoint(model_dir), config).items()}
+    if load_format == "dummy":
+        state = dummy_state(model, device)
+    else:
+        state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
+            read_checkpoint(model_dir), config).items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]  # one tensor for both
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
