@@ -82,3 +82,14 @@ def test_in_process_engine_serves_dummy_weights_deterministically(shape_only_dir
     assert first == second
     assert all(len(tokens) == GREEDY.max_tokens for tokens in first)
     assert first[0] != first[1]  # the prompts, through the weights, decide the tokens
+
+
+def test_serve_accepts_a_folder_without_weights_only_with_dummy(shape_only_dir):
+    from services import launcher
+    from services.ports import free_port
+
+    refused = launcher.checked_config([str(shape_only_dir), "--port", str(free_port())], "pagedserve serve")
+    assert isinstance(refused, str) and "safetensors" in refused
+    accepted = launcher.checked_config([str(shape_only_dir), "--port", str(free_port()), "--load-format", "dummy"],
+                                       "pagedserve serve")
+    assert not isinstance(accepted, str) and accepted.worker.worker.load_format == "dummy"
