@@ -156,9 +156,10 @@ bench-peers-build: $(STAMP)
 	$(PY) -m benchmarks.peers.llama_build --peers-dir .peers
 
 # On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
+# The one device script (docs/gpu.md), at most 8 minutes; results in $$OUT/results.json (else ./gpu-check-results.json).
 # Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.
 gpu-check:
-	$(PYTHON) -m kernels.gpu_check
+	$(PYTHON) -m benchmarks.device
 
 clean:
 	rm -rf $(VENV) models bench-results

@@ -240,7 +240,7 @@ def checked_config(argv: Sequence[str] | None, prog: str | None) -> ServeConfig 
     except (ValueError, OSError) as exc:
         return f"cannot serve {config.launcher.model_dir!r}: {exc}"
     config = dataclasses.replace(config, launcher=dataclasses.replace(config.launcher, model_dir=folder))
-    problem = model_dir_problem(config.launcher.model_dir)
+    problem = model_dir_problem(config.launcher.model_dir, weights=config.worker.worker.load_format != "dummy")
     if problem is not None:
         return problem
     try:

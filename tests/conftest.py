@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 # Triton kernels run on CPU tensors through the interpreter; it must be chosen before triton is first imported.
-# (gpu_check sets TRITON_INTERPRET=0 explicitly to compile them natively on a GPU.)
+# (the device script, benchmarks/device, sets TRITON_INTERPRET=0 explicitly to compile them natively on a GPU.)
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest

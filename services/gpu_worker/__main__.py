@@ -23,7 +23,8 @@ STEP_GRACE_S = 5.0  # for a step still running when the server stops
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     config = parse_config(WorkerServiceConfig, argv, __doc__, prog=prog, positional=("model_dir",))
-    problem = model_dir_problem(config.worker.model_dir, tokenizer=False)
+    problem = model_dir_problem(config.worker.model_dir, weights=config.worker.load_format != "dummy",
+                                tokenizer=False)
     if problem is not None:
         print(f"{prog or 'worker'}: error: {problem}", file=sys.stderr)
         return 2

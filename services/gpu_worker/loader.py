@@ -11,6 +11,7 @@ from safetensors import safe_open
 
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.checkpoint_keys import to_model_state
+from services.gpu_worker.dummy_weights import dummy_state
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
 from shared.gguf_folder import find_gguf
@@ -32,17 +33,22 @@ def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               platform: Platform) -> DecoderLM:
-    """The model on the platform's device, every layer bound to the platform's kernels."""
+               platform: Platform, load_format: str = "auto") -> DecoderLM:
+    """The model on the platform's device, every layer bound to the platform's kernels; `load_format` "dummy":
+    seeded random weights instead of the checkpoint's (dummy_weights.py); a folder holding a GGUF file and no
+    safetensors loads from its blocks (gguf/load.py)."""
     gguf = None if any(Path(model_dir).glob("*.safetensors")) else find_gguf(model_dir)
-    if gguf is not None:
+    if gguf is not None and load_format != "dummy":
         from services.gpu_worker.gguf.load import load_gguf_model
 
         return load_gguf_model(gguf, config, backend, max_positions, platform)
     model = DecoderLM(config, backend, max_positions)
     device = platform.device
-    state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
-        read_checkpoint(model_dir), config).items()}
+    if load_format == "dummy":
+        state = dummy_state(model, device)
+    else:
+        state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
+            read_checkpoint(model_dir), config).items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]  # one tensor for both
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

@@ -53,7 +53,8 @@ class ModelRunner:
         shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
         self.backend = self.platform.attention_backend(config.attention_backend, shape, mc.dtype, kv_dtype,
                                                        config.block_size)
-        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform)
+        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform,
+                                config.load_format)
         self.eos_token_ids = eos_token_ids(config.model_dir)
         num_blocks = num_blocks_for_budget(mc, self.platform.kv_cache_budget_bytes(config), config.block_size,
                                            kv_dtype)

@@ -9,11 +9,13 @@ from shared.cli_config import check_choices
 
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
+LoadFormatName = Literal["auto", "dummy"]
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     model_dir: str  # Hugging Face model folder: config.json, *.safetensors
+    load_format: LoadFormatName = "auto"  # auto (the folder's safetensors) or dummy (seeded random weights)
     model_name: str | None = field(default=None, metadata={  # vLLM's name for it: --served-model-name
         "aliases": ("--served-model-name",), "help": "the name clients send as `model`; default: the folder name"})
     dtype: DtypeName = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16

@@ -1,1 +1,1 @@
-"""Triton kernel tests against plain torch references (interpreter on CPU, native with kernels.gpu_check)."""
+"""Triton kernel tests against plain torch references (interpreter on CPU, native with TRITON_INTERPRET=0 on a GPU)."""

@@ -1,4 +1,4 @@
-"""Kernel tests: Triton runs in its CPU interpreter unless TRITON_INTERPRET is already set (gpu_check sets it to 0)."""
+"""Kernel tests: Triton runs in its CPU interpreter unless TRITON_INTERPRET is already set (benchmarks/device: 0)."""
 
 from __future__ import annotations
 

@@ -63,3 +63,14 @@ class TorchLinear:
 
     def __call__(self, x: torch.Tensor, rows: StepRows) -> torch.Tensor:
         return self.product(x)
+
+
+class PlainLinear:
+    """F.linear for every row, a lone row included: for devices whose one-row product needs no workaround (CUDA:
+    one launch, a GEMV, instead of at_least_two_rows' repeat, two-row GEMM and slice)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, x: torch.Tensor, rows: StepRows) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)

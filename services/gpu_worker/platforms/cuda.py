@@ -1,5 +1,5 @@
-"""The CUDA platform: Triton attention kernels, torch for the rest; its step forward is the model's own (the seam
-where captured CUDA graphs will go)."""
+"""The CUDA platform: Triton attention kernels, plain F.linear, fused Triton kernels for RMSNorm(+residual), rotary
+(in place) and SiLU-mul; its step forward is the model's own (the seam where captured CUDA graphs will go)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,9 @@ import torch
 from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.layers.linear import PlainLinear
+from services.gpu_worker.layers.norm import RMSNorm
+from services.gpu_worker.model import MLP, Attention, DecoderLM
 from services.gpu_worker.platforms.platform import Platform
 from services.gpu_worker.worker_config import WorkerConfig
 
@@ -41,3 +44,21 @@ class CudaPlatform(Platform):
         from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend(shape)
+
+    def bind_layers(self, model: DecoderLM) -> None:
+        """F.linear for every linear (a lone row is one GEMV here: no two-row workaround) and the fused Triton
+        kernels for the norms, the rotary and the activation (imported here: @triton.jit reads TRITON_INTERPRET
+        when a kernel is defined, and a CPU test may build this platform with the interpreter on)."""
+        from kernels.fused_rms_norm import fused_rms_norm
+        from kernels.rotary_embedding import rotary_in_place
+        from kernels.silu_and_mul import fused_silu_and_mul
+
+        for layer in model.linears():
+            layer.kernel = PlainLinear(layer.weight, layer.bias)
+        for module in model.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = fused_rms_norm
+            elif isinstance(module, Attention):
+                module.rotate = rotary_in_place
+            elif isinstance(module, MLP):
+                module.act = fused_silu_and_mul

@@ -22,10 +22,11 @@ def tiny(request, tmp_path_factory):
     return make_tiny_model(request.param, folder), folder
 
 
-@pytest.fixture(params=["torch", "torch+native", "triton"])
+@pytest.fixture(params=["torch", "torch+native", "triton", "triton+cuda-layers"])
 def backend(request) -> str:
-    """Every check runs through both attention backends (triton in interpreter mode on CPU), and the torch one
-    also with the C kernels of kernels/cpu (decode attention, the fp32 packed GEMM, fused norms and SiLU)."""
+    """Every check runs through both attention backends (triton in interpreter mode on CPU), the torch one also
+    with the C kernels of kernels/cpu (decode attention, the fp32 packed GEMM, fused norms and SiLU), and the
+    triton one also with the CUDA platform's layer kernels (F.linear, fused RMSNorm, rotary, SiLU-mul)."""
     return request.param
 
 

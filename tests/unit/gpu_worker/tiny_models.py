@@ -55,19 +55,23 @@ def make_tiny_model(name: str, folder: Path, seed: int = 0) -> torch.nn.Module:
 class PagedModel:
     """Our DecoderLM over a small paged KV cache, with a trivial block allocator for tests.
 
-    `backend`: "torch" (torch only), "torch+native" (with the C kernels of kernels/cpu) or "triton" (on a CUDA
-    machine compiled on the GPU, else through Triton's interpreter on CPU); `platform` overrides the CPU one."""
+    `backend`: "torch" (torch only), "torch+native" (with the C kernels of kernels/cpu), "triton" (on a CUDA
+    machine compiled on the GPU, else through Triton's interpreter on CPU) or "triton+cuda-layers" (the CUDA
+    platform's bindings, its fused layer kernels included, interpreted on a CPU-only machine); `platform`
+    overrides the CPU one."""
 
     def __init__(self, folder: Path, block_size: int = 4, num_blocks: int = 256, backend: str = "torch",
                  dtype: str = "float32", platform: Platform | None = None) -> None:
         self.config: ModelConfig = load_model_config(folder, dtype)
         c = self.config
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
-        if platform is None and backend == "triton" and torch.cuda.is_available():
+        if platform is None and backend.startswith("triton") and torch.cuda.is_available():
             platform = CudaPlatform(torch.device("cuda"))
+        elif platform is None and backend == "triton+cuda-layers":
+            platform = CudaPlatform(torch.device("cpu"))
         self.platform = platform or CpuPlatform(native_kernels=backend == "torch+native", torch_compile=False)
         self.device = self.platform.device
-        attention = self.platform.attention_backend(backend.removesuffix("+native"), shape, c.dtype, c.dtype,
+        attention = self.platform.attention_backend(backend.split("+")[0], shape, c.dtype, c.dtype,
                                                     block_size)
         self.model: DecoderLM = load_model(folder, c, attention, 256, self.platform)
         self.kv = KVCache.allocate(c, num_blocks, block_size, self.device)

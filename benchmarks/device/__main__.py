@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.device.check import main
+
+sys.exit(main())
