@@ -3,7 +3,6 @@ cold L2 (buffer sets rotated, timing.py). Llama-3-8B-like layer: 32 heads, 8 KV 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,14 +85,13 @@ def _sdpa(backend: SDPBackend, s: BufferSet, causal: bool) -> Callable[[], torch
 
 
 def _triton(kind: str, s: BufferSet, context: int, scale: float) -> Callable[[], torch.Tensor]:
-    from kernels.paged_decode_attention import paged_decode_attention
+    from kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention
     from kernels.paged_prefill_attention import paged_prefill_attention
 
     if kind == "decode":
-        # max_seq_len is passed where the kernel still takes it (a capture-safe kernel reads seq_lens alone)
-        extra = (context,) if "max_seq_len" in inspect.signature(paged_decode_attention).parameters else ()
+        workspace = DecodeWorkspace()  # partials allocated once, as the engine's graphs hold them
         return lambda: paged_decode_attention(s.query, s.key_cache, s.value_cache, s.block_tables, s.seq_lens, scale,
-                                              *extra, out=s.out)
+                                              context, out=s.out, workspace=workspace)
     batch = s.seq_lens.shape[0]
     starts = torch.arange(batch + 1, dtype=torch.int32, device=s.query.device) * context
     return lambda: paged_prefill_attention(s.query, s.key_cache, s.value_cache, s.block_tables, s.seq_lens, starts,
