@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -610,7 +611,7 @@ def metric_names() -> frozenset[str]:
     from prometheus_client.metrics import MetricWrapperBase
 
     from services.gateway.metrics import GatewayMetrics
-    from services.gateway.router_metrics import RouterMetrics
+    from services.gateway.router_metrics import ReplicaStateCollector, RouterMetrics
     from services.scheduler.metrics import SchedulerMetrics
     from services.scheduler.scheduler_stats import STATS_FIELDS
 
@@ -623,6 +624,9 @@ def metric_names() -> frozenset[str]:
                 kind = value._type
                 names |= ({f"{base}_bucket", f"{base}_count", f"{base}_sum"} if kind == "histogram"
                           else {f"{base}_total"} if kind == "counter" else {base})
+    no_replicas = SimpleNamespace(replicas=SimpleNamespace(replicas={}), mirror=None,
+                                  config=SimpleNamespace(policy="prefix"))
+    names |= {family.name for family in ReplicaStateCollector(no_replicas).collect()}
     return frozenset(names)
 
 
