@@ -1,9 +1,10 @@
 """deploy/scripts/fetch_model.py, the model init container's script, run as the container runs it against a fake
-model hub: a directory served over HTTP on 127.0.0.1 by this test."""
+model hub: a directory served over HTTP on 127.0.0.1 by this test, and a fake Hugging Face hub (fake_hf_hub.py)."""
 
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.unit.deploy.fake_hf_hub import FakeHub
 
 SCRIPT = REPO_ROOT / "deploy/scripts/fetch_model.py"
 MODEL_FILES = {"config.json": '{"model_type": "llama"}', "generation_config.json": "{}", "tokenizer.json": "{}",
@@ -107,3 +109,55 @@ def test_a_local_folder_is_a_source(hub, tmp_path):
     done = fetch(str(root / "org/model-a"), out)
     assert done.returncode == 0, done.stderr
     assert set(files(out)) == set(MODEL_FILES) | {".source"}
+
+
+@pytest.fixture
+def hf_hub(tmp_path):
+    """A fake Hugging Face hub holding org/model-a (public) and org/gated (needs the token)."""
+    root = tmp_path / "hf"
+    for repo in ("org/model-a", "org/gated"):
+        for name, text in {**MODEL_FILES, **LEFT_BEHIND}.items():
+            path = root / repo / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    hub = FakeHub(root, gated={"org/gated"})
+    url = hub.start()
+    yield url, hub
+    hub.stop()
+
+
+def fetch_hf(source: str, out: Path, endpoint: str, token: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env |= {"HF_ENDPOINT": endpoint, "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HOME": str(out.parent / "hf-home")}
+    if token is not None:
+        env["HF_TOKEN"] = token
+    return subprocess.run([sys.executable, str(SCRIPT), source, str(out)], capture_output=True, text=True,
+                          timeout=120, cwd=REPO_ROOT, env=env)
+
+
+def test_a_hugging_face_repo_is_fetched_without_its_duplicates(hf_hub, tmp_path):
+    url, hub = hf_hub
+    out = tmp_path / "models/model-a"
+    done = fetch_hf("hf://org/model-a", out, url)
+    assert done.returncode == 0, done.stderr
+    assert files(out) == {**MODEL_FILES, ".source": "hf://org/model-a\n"}
+    downloaded = {path.split("/resolve/main/", 1)[1] for path, _ in hub.requests if "/resolve/" in path}
+    assert downloaded == set(MODEL_FILES)  # README, *.bin and original/ were never downloaded
+
+
+def test_a_revision_is_fetched_at_that_revision(hf_hub, tmp_path):
+    url, hub = hf_hub
+    assert fetch_hf("hf://org/model-a@v1.0", tmp_path / "model-a", url).returncode == 0
+    resolved = [path for path, _ in hub.requests if "/resolve/" in path]
+    assert resolved and all("/resolve/v1.0/" in path for path in resolved)
+
+
+def test_a_gated_repo_needs_the_hf_token_secret(hf_hub, tmp_path):
+    url, hub = hf_hub
+    refused = fetch_hf("hf://org/gated", tmp_path / "no-token/gated", url)
+    assert refused.returncode == 1 and "fetch_model" in refused.stderr
+    assert not (tmp_path / "no-token/gated").exists()
+    done = fetch_hf("hf://org/gated", tmp_path / "token/gated", url, token=hub.token)
+    assert done.returncode == 0, done.stderr
+    assert set(files(tmp_path / "token/gated")) == set(MODEL_FILES) | {".source"}
+    assert all(auth == f"Bearer {hub.token}" for path, auth in hub.requests[-len(MODEL_FILES):])
