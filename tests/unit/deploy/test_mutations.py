@@ -39,9 +39,9 @@ MUTATIONS = [
              "livenessProbe:\n            grpc: {port: 50051, service: pagedserve.v1.SchedulerService}",
              "liveness must not follow"),
     Mutation("worker without a startup probe", K8S + "engine.yaml",
-             "          startupProbe:  # liveness waits for the process to serve gRPC (it binds before loading the "
-             "model)\n            grpc: {port: 50061}\n            periodSeconds: 2\n"
-             "            failureThreshold: 60\n",
+             "          startupProbe:  # the model is loaded: 120 x 10 s = 20 minutes, sized for an 8B model (header)\n"
+             "            grpc: {port: 50061, service: pagedserve.v1.WorkerService}\n            periodSeconds: 10\n"
+             "            timeoutSeconds: 5\n            failureThreshold: 120\n",
              "", "no startupProbe"),
     Mutation("latest image tag", "deploy/k8s/overlays/gpu/kustomization.yaml", "newTag: 0.1.0", "newTag: latest",
              "is not pinned"),
