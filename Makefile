@@ -6,7 +6,7 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
 .PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
-	redis-server deploy-tools gpu-check clean
+	redis-server deploy-tools prometheus-rule gpu-check clean
 
 setup: $(STAMP) hooks
 
@@ -45,6 +45,10 @@ deploy-tools: $(STAMP)
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	      prometheus >/dev/null; \
 	  else echo "promtool/prometheus are missing: run 'sudo apt-get install -y prometheus'" >&2; exit 1; fi; }
+
+# The Prometheus Operator's PrometheusRule (deploy/k8s/components/monitoring) from the one rule file compose loads.
+prometheus-rule:
+	$(PY) deploy/scripts/prometheus_rule.py
 
 # `make run`: serve MODEL_DIR in the foreground (gateway on PORT); Ctrl-C stops everything. The scheduler's Redis
 # state copy is optional: an already running Redis on REDIS_PORT is used, else redis-server is started if installed.

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import yaml
 
@@ -32,7 +33,7 @@ from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
 
-OVERLAYS = ("gpu", "cpu")
+OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa")  # the last two add the optional components
 IMAGE = "pagedserve"
 SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
     "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
@@ -45,6 +46,9 @@ HTTP_LIVENESS, HTTP_READINESS = "/livez", "/health"
 PRESTOP_MARGIN_S = 10  # grace beyond preStop + drain, for the process to exit
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "DaemonSet")
+FETCH_MODEL = ["python", "deploy/scripts/fetch_model.py"]
+CRD_SCHEMAS = Path(__file__).parent / "crd_schemas"  # vendored openAPIV3Schema of each custom kind (README there)
+_REF = re.compile(r"\$\((\w+)\)")
 
 
 # --- rendering and the real tools ------------------------------------------------------------------------------
@@ -58,13 +62,55 @@ def render(root: Path, overlay: str) -> tuple[list[dict], list[str]]:
 
 
 def validate_schemas(root: Path, rendered: dict[str, list[dict]]) -> list[str]:
-    """`kubernetes-validate --strict` on every rendered object (one run over all overlays)."""
+    """`kubernetes-validate --strict` on every core object (one run over all overlays); objects of a custom kind
+    against its vendored CRD schema, strictly (no field the schema does not name)."""
+    problems = []
     with tempfile.TemporaryDirectory() as folder:
         paths = [Path(folder) / f"{overlay}.yaml" for overlay in rendered]
         for path, objects in zip(paths, rendered.values(), strict=True):
-            path.write_text(yaml.safe_dump_all(objects))
+            path.write_text(yaml.safe_dump_all([o for o in objects if crd_schema_path(o) is None]))
         done = deploy_tools.run([deploy_tools.kubernetes_validate(), "--strict", "--quiet", *map(str, paths)])
-    return [] if done.returncode == 0 else [f"kubernetes-validate: {(done.stdout + done.stderr).strip()[-800:]}"]
+    if done.returncode != 0:
+        problems.append(f"kubernetes-validate: {(done.stdout + done.stderr).strip()[-800:]}")
+    for overlay, objects in rendered.items():
+        problems += [f"[{overlay}] {p}" for o in objects if crd_schema_path(o) for p in validate_custom(o)]
+    return problems
+
+
+def crd_schema_path(obj: dict) -> Path | None:
+    """The vendored schema of a custom kind (group_kind_version.json), None for a core kind."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    if "." not in group or group.endswith(".k8s.io"):
+        return None
+    return CRD_SCHEMAS / f"{group}_{obj['kind'].lower()}_{version}.json"
+
+
+@functools.cache
+def _strict_schema(path: Path) -> dict:
+    def strict(node):
+        if isinstance(node, dict):
+            if ("properties" in node and "additionalProperties" not in node
+                    and not node.get("x-kubernetes-preserve-unknown-fields")):
+                node["additionalProperties"] = False
+            for value in node.values():
+                strict(value)
+        elif isinstance(node, list):
+            for value in node:
+                strict(value)
+        return node
+
+    return strict(json.loads(path.read_text()))
+
+
+def validate_custom(obj: dict) -> list[str]:
+    import jsonschema
+
+    path, name = crd_schema_path(obj), f"{obj['kind']} {obj['metadata']['name']}"
+    if not path.is_file():
+        return [f"{name}: no vendored CRD schema {path.name} for {obj['apiVersion']}"]
+    validator = jsonschema.Draft7Validator(_strict_schema(path))
+    return [f"{name}: CRD schema: {'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+            for e in validator.iter_errors(obj)]
 
 
 def hadolint(root: Path) -> list[str]:
@@ -111,8 +157,11 @@ def pods(objects: list[dict]) -> list[Pod]:
     for obj in objects:
         if obj["kind"] in POD_KINDS:
             template = obj["spec"]["template"]
-            found.append(Pod(obj["kind"], obj["metadata"]["name"], template["metadata"].get("labels", {}),
-                             template["spec"]))
+            spec = dict(template["spec"])
+            claims = [{"name": c["metadata"]["name"], "volumeClaimTemplate": c}
+                      for c in obj["spec"].get("volumeClaimTemplates", [])]
+            spec["volumes"] = spec.get("volumes", []) + claims  # a claim template is a volume of each pod
+            found.append(Pod(obj["kind"], obj["metadata"]["name"], template["metadata"].get("labels", {}), spec))
     return found
 
 
@@ -163,8 +212,25 @@ def literal_env(container: dict, config_maps: dict[str, dict]) -> dict[str, str]
         if ref and ref["name"] in config_maps:
             env.update(config_maps[ref["name"]].get("data", {}))
     for var in container.get("env", []):
-        env[var["name"]] = var.get("value", "<secret>" if "secretKeyRef" in var.get("valueFrom", {}) else "<field>")
+        source = var.get("valueFrom", {})
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            env[var["name"]] = config_maps.get(ref["name"], {}).get("data", {}).get(ref["key"], "<missing>")
+        else:
+            env[var["name"]] = "<secret>" if "secretKeyRef" in source else "<field>"
     return env
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion in a command or env value (an unknown VAR is left as written)."""
+    return _REF.sub(lambda m: env.get(m.group(1), m.group(0)), text)
+
+
+def container_command(container: dict, config_maps: dict[str, dict]) -> list[str]:
+    env = literal_env(container, config_maps)
+    return [expand(arg, env) for arg in container.get("command", [])]
 
 
 # --- checks on rendered Kubernetes objects ---------------------------------------------------------------------
@@ -189,7 +255,8 @@ def check_references(objects: list[dict]) -> list[str]:
             for source in container.get("envFrom", []):
                 if "configMapRef" in source and source["configMapRef"]["name"] not in config_maps:
                     problems.append(f"{where}: envFrom a missing ConfigMap {source['configMapRef']['name']}")
-                if "secretRef" in source and source["secretRef"]["name"] not in secrets:
+                optional = source.get("secretRef", {}).get("optional", False)
+                if "secretRef" in source and not optional and source["secretRef"]["name"] not in secrets:
                     problems.append(f"{where}: envFrom a missing Secret {source['secretRef']['name']}")
             for var in container.get("env", []):
                 ref = var.get("valueFrom", {}).get("secretKeyRef")
@@ -270,6 +337,8 @@ def _probe_meaning(where: str, module: str, kind: str, handler: str, spec: dict)
     if handler == "grpc":
         service = spec.get("service", "")
         wanted = readiness if kind == "readinessProbe" else ""
+        if kind == "startupProbe" and service == readiness:  # startup may wait for the model: it is no liveness
+            return []
         if service != wanted:
             return [f"{where}: {kind} asks gRPC health for {service!r}; it must ask {wanted!r}"
                     + (" (liveness must not follow another service)" if kind != "readinessProbe" else "")]
@@ -324,9 +393,12 @@ def check_resources(objects: list[dict], overlay: str) -> list[str]:
                     if not _QUANTITY.match(str(value)):
                         problems.append(f"{where}: resources.{part}.{resource} {value!r} is not a quantity")
             gpus = resources.get("limits", {}).get("nvidia.com/gpu")
-            if service_module(container) == "services.gpu_worker" and overlay == "gpu" and not gpus:
+            if service_module(container) == "services.gpu_worker" and overlay.startswith("gpu") and not gpus:
                 problems.append(f"{where}: the gpu overlay's worker reserves no nvidia.com/gpu")
-    for name, claim in by_kind(objects, "PersistentVolumeClaim").items():
+    claims = {**by_kind(objects, "PersistentVolumeClaim"),
+              **{f"{o['metadata']['name']}/{c['metadata']['name']}": c for o in by_kind(objects, "StatefulSet").values()
+                 for c in o["spec"].get("volumeClaimTemplates", [])}}
+    for name, claim in claims.items():
         size = claim["spec"].get("resources", {}).get("requests", {}).get("storage", "")
         if not _QUANTITY.match(str(size)):
             problems.append(f"PVC {name}: storage {size!r} is not a quantity")
@@ -390,11 +462,9 @@ def check_commands(objects: list[dict]) -> list[str]:
     for pod in pods(objects):
         for container in pod.containers():
             module, where = service_module(container), f"{pod.name}/{container['name']}"
-            env = literal_env(container, config_maps)
-            if module == "shared.default_model":
-                model_dirs.add(container["command"][-1])
-            if module == "services.healthcheck" and container["command"][3] == "model":
-                model_dirs.add(container["command"][4])
+            env, command = literal_env(container, config_maps), container_command(container, config_maps)
+            if command[:2] == FETCH_MODEL:
+                model_dirs.add(command[3])
             if module not in SERVICES:
                 continue
             known = {env_name(f) for f in _field_names(SERVICES[module][0])} | AGREED_ENV
@@ -402,7 +472,7 @@ def check_commands(objects: list[dict]) -> list[str]:
                 if var.startswith("PAGEDSERVE_") and var not in known:
                     problems.append(f"{where}: {var} is not a setting of {module}")
             try:
-                configs[pod.name, module] = config = service_config(container["command"], env)
+                configs[pod.name, module] = config = service_config(command, env)
             except (ConfigError, ValueError) as exc:
                 problems.append(f"{where}: {exc}")
                 continue
@@ -421,7 +491,8 @@ def check_commands(objects: list[dict]) -> list[str]:
         if module == "services.gateway":
             problems += _gateway_problems(where, config, configs, services, service_ports)
     if len(model_dirs) > 1:
-        problems.append(f"the model Job, init containers and services disagree on the model folder: {model_dirs}")
+        problems.append(f"the fetch-model init containers and the services disagree on the model folder: "
+                        f"{sorted(model_dirs)}")
     return problems
 
 
@@ -540,6 +611,7 @@ def check_compose(config: dict, variant: str) -> list[str]:
         image = service.get("image", "")
         if image and (":" not in image or image.endswith(":latest")):
             problems.append(f"compose {name}: image {image} is not pinned")
+    problems += _compose_hardening(services)
     commands = {}
     for name in ("gpu-worker", "scheduler", "gateway"):
         service = services.get(name)
@@ -584,6 +656,19 @@ def check_compose(config: dict, variant: str) -> list[str]:
     return problems
 
 
+def _compose_hardening(services: dict) -> list[str]:
+    """Redis runs as its image's user (its entrypoint cannot switch users without capabilities); Grafana has no
+    login (so no default admin/admin)."""
+    problems = []
+    redis = services.get("redis", {})
+    if "ALL" in (redis.get("cap_drop") or []) and not redis.get("user"):
+        problems.append("compose redis: drops all capabilities without a user: its entrypoint cannot switch to redis")
+    grafana = (services.get("grafana", {}).get("environment") or {})
+    if grafana.get("GF_AUTH_DISABLE_LOGIN_FORM") != "true" or grafana.get("GF_AUTH_BASIC_ENABLED") != "false":
+        problems.append("compose grafana: the login form (default admin/admin) is enabled")
+    return problems
+
+
 def _duration_s(text) -> float:
     if isinstance(text, int | float):  # compose normalises to nanoseconds in JSON
         return text / 1e9
@@ -610,6 +695,7 @@ def metric_names() -> frozenset[str]:
     from prometheus_client.metrics import MetricWrapperBase
 
     from services.gateway.http.metrics import GatewayMetrics
+    from services.gateway.routing.replica_gauges import ReplicaStateCollector
     from services.gateway.routing.router_metrics import RouterMetrics
     from services.scheduler.metrics import SchedulerMetrics
     from shared.scheduler_stats import STATS_FIELDS
@@ -623,6 +709,9 @@ def metric_names() -> frozenset[str]:
                 kind = value._type
                 names |= ({f"{base}_bucket", f"{base}_count", f"{base}_sum"} if kind == "histogram"
                           else {f"{base}_total"} if kind == "counter" else {base})
+    no_replicas = SimpleNamespace(replicas=SimpleNamespace(replicas={}), mirror=None,
+                                  config=SimpleNamespace(policy="prefix"))
+    names |= {family.name for family in ReplicaStateCollector(no_replicas).collect()}
     return frozenset(names)
 
 
@@ -665,6 +754,10 @@ def all_problems(root: Path) -> list[str]:
             problems += [f"[{overlay}] {p}" for p in check(objects)]
         problems += [f"[{overlay}] {p}" for p in check_security(objects, image_user)]
         problems += [f"[{overlay}] {p}" for p in check_resources(objects, overlay)]
+    from tests.unit.deploy import hardening_checks
+
+    for overlay, objects in rendered.items():
+        problems += [f"[{overlay}] {p}" for p in hardening_checks.all_problems(objects, overlay)]
     for variant in COMPOSE_FILES:
         config, found = compose_config(root, variant)
         problems += found + (check_compose(config, variant) if config else [])

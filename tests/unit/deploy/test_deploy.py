@@ -28,8 +28,11 @@ def rendered(root) -> dict[str, list[dict]]:
 def test_every_rendered_object_passes_strict_schema_validation(root, rendered):
     assert checks.validate_schemas(root, rendered) == []
     kinds = {obj["kind"] for obj in rendered["gpu"]}
-    assert {"StatefulSet", "Deployment", "Job", "Service", "NetworkPolicy", "PodDisruptionBudget",
-            "HorizontalPodAutoscaler", "Secret", "ConfigMap", "PersistentVolumeClaim"} <= kinds
+    assert {"Namespace", "StatefulSet", "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget",
+            "HorizontalPodAutoscaler", "Secret", "ConfigMap"} <= kinds
+    assert {"ScaledObject", "PodMonitor", "ServiceMonitor", "PrometheusRule"} <= {
+        obj["kind"] for obj in rendered["gpu-keda"]}
+    assert {"PodMonitor", "ServiceMonitor", "PrometheusRule"} <= {obj["kind"] for obj in rendered["gpu-hpa"]}
 
 
 @pytest.mark.parametrize("check", [checks.check_references, checks.check_services, checks.check_probes,

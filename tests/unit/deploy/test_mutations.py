@@ -33,15 +33,15 @@ MUTATIONS = [
              'limits: {cpu: "8", memory: 32Gi, nvidia.com/gpu: 1}', 'limits: {cpu: "8", memory: 32Gi}',
              "reserves no nvidia.com/gpu"),
     Mutation("USER removed from the Dockerfile", "deploy/docker/Dockerfile", "USER 10001:10001\n", "", "no USER"),
-    Mutation("bad storage size", K8S + "models.yaml", "storage: 5Gi", "storage: 5GB", "is not a quantity"),
+    Mutation("bad storage size", K8S + "engine.yaml", "storage: 40Gi", "storage: 40GB", "is not a quantity"),
     Mutation("scheduler liveness follows its worker's readiness", K8S + "engine.yaml",
              "livenessProbe:\n            grpc: {port: 50051}",
              "livenessProbe:\n            grpc: {port: 50051, service: pagedserve.v1.SchedulerService}",
              "liveness must not follow"),
     Mutation("worker without a startup probe", K8S + "engine.yaml",
-             "          startupProbe:  # liveness waits for the process to serve gRPC (it binds before loading the "
-             "model)\n            grpc: {port: 50061}\n            periodSeconds: 2\n"
-             "            failureThreshold: 60\n",
+             "          startupProbe:  # the model is loaded: 120 x 10 s = 20 minutes, sized for an 8B model (header)\n"
+             "            grpc: {port: 50061, service: pagedserve.v1.WorkerService}\n            periodSeconds: 10\n"
+             "            timeoutSeconds: 5\n            failureThreshold: 120\n",
              "", "no startupProbe"),
     Mutation("latest image tag", "deploy/k8s/overlays/gpu/kustomization.yaml", "newTag: 0.1.0", "newTag: latest",
              "is not pinned"),
@@ -52,7 +52,8 @@ MUTATIONS = [
     Mutation("BestEffort gateway (no requests)", K8S + "gateway.yaml", "requests: {cpu: 500m, memory: 1Gi}\n", "",
              "no cpu in resources.requests"),
     Mutation("network policy opens the worker to gateways", K8S + "network-policies.yaml",
-             "      ports:\n        - port: 50051", "      ports:\n        - port: 50061", "worker port 50061"),
+             "component: gateway\n      ports:\n        - port: 50051",
+             "component: gateway\n      ports:\n        - port: 50061", "worker port 50061"),
     Mutation("grace period shorter than the drain", K8S + "engine.yaml", "terminationGracePeriodSeconds: 90",
              "terminationGracePeriodSeconds: 30", "terminationGracePeriodSeconds 30"),
     Mutation("secret key that does not exist", K8S + "gateway.yaml", "key: api-key", "key: apikey",
@@ -80,6 +81,18 @@ MUTATIONS = [
              ',\n                    "--redis-url", "redis://redis:6379/0"]', "]", "routes by hashing only"),
     Mutation("Dockerfile on an unpinned base image", "deploy/docker/Dockerfile", "FROM python:3.11.11-slim-bookworm",
              "FROM python:latest", "hadolint"),
+    Mutation("misspelled ScaledObject field (vendored KEDA CRD schema)",
+             "deploy/k8s/components/autoscaling-keda/scaled-object.yaml", "pollingInterval: 15",
+             "pollInterval: 15", "CRD schema"),
+    Mutation("probe left with the 1 s default timeout", K8S + "redis.yaml",
+             "            periodSeconds: 20\n            timeoutSeconds: 5\n", "            periodSeconds: 20\n",
+             "has no timeoutSeconds"),
+    Mutation("GPU overlay without the nvidia RuntimeClass", "deploy/k8s/overlays/gpu/kustomization.yaml",
+             "            runtimeClassName: nvidia\n", "", "runtimeClassName"),
+    Mutation("engine worker Burstable (limit above request)", "deploy/k8s/overlays/gpu/kustomization.yaml",
+             'limits: {cpu: "8", memory: 32Gi,', 'limits: {cpu: "8", memory: 48Gi,', "not Guaranteed QoS"),
+    Mutation("compose Grafana with its login form", "docker-compose.yml", 'GF_AUTH_DISABLE_LOGIN_FORM: "true"',
+             'GF_AUTH_DISABLE_LOGIN_FORM: "false"', "login form"),
 ]
 
 
