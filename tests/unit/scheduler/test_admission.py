@@ -44,9 +44,11 @@ def test_an_idle_server_takes_everything_and_predicts_no_wait():
     assert control.estimator.predict_s(sched) == 0.0 and control.num_refused == 0
 
 
-def test_steps_in_flight_are_waited_for_even_with_no_queue():
-    """Half the running step, all of the one queued behind it (async scheduling), and then the request's own."""
-    sched = scheduler()
+def test_steps_in_flight_are_predicted_but_refuse_no_request_that_joins_the_next_step():
+    """Half the running step, all of the one queued behind it (async scheduling), and then the request's own. A
+    request that the next step takes (a free slot, room in the budget) is admitted whatever the steps in flight: no
+    refusal shortens them; one that must also wait for a slot is refused with them counted."""
+    sched = scheduler(max_num_seqs=5)
     fill(sched, num_running=4, num_waiting=0)
     estimator = QueueWaitEstimator()
     estimator.record_step(0.1, 0)
@@ -55,9 +57,12 @@ def test_steps_in_flight_are_waited_for_even_with_no_queue():
     assert estimator.predict_s(sched, num_in_flight=2) == pytest.approx(0.15)
     control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.1))
     control.estimator = estimator
-    control.check(sched, gen("serial", [1, 2]), num_in_flight=1)
-    with pytest.raises(Overloaded, match=r"predicted queue time is 0.15s \(at most 0.1s\)"):
-        control.check(sched, gen("behind two", [1, 2]), num_in_flight=2)
+    control.check(sched, gen("joins", [1, 2]), num_in_flight=2)
+    sched.add_request(gen("took the slot", prompt(9, 8), max_tokens=20))
+    # no slot left: the first of 4 running requests with 20 outputs left frees one after 20 steps of 0.1 s
+    with pytest.raises(Overloaded, match=r"predicted queue time is 2.15s \(at most 0.1s\)"):
+        control.check(sched, gen("behind", [1, 2]), num_in_flight=2)
+    assert control.num_refused == 1
 
 
 def test_the_waiting_queue_is_bounded_by_requests_and_by_prompt_tokens():
