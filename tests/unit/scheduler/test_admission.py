@@ -3,6 +3,8 @@ empty server takes everything. Predictions are checked against hand-computed fig
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.scheduler.admission import (
@@ -157,3 +159,59 @@ def test_a_full_queue_promises_until_the_step_in_flight_ends():
     with pytest.raises(Overloaded) as info:
         AdmissionControl(AdmissionConfig(max_waiting_tokens=16)).check(sched, gen("z", [1]), step_ends_in_s=0.06)
     assert info.value.admit_after_s == pytest.approx(0.06)
+
+
+def test_the_predicted_wait_counts_only_work_of_the_same_or_a_more_urgent_priority():
+    """Four running and six waiting at priority 10 (max_num_seqs 4): a priority-10 arrival waits for 7 finishes, a
+    priority-0 one for nothing (a running priority-10 request gives its slot up): admitted though two steps are in
+    flight and they are over the bound."""
+    sched = scheduler(max_num_seqs=4)
+    for i in range(4):
+        sched.add_request(replace(gen(f"run{i}", prompt(i, 8), max_tokens=20), priority=10))
+    sched.update_from_output(sched.schedule(), StepOutput())
+    for i in range(6):
+        sched.add_request(replace(gen(f"wait{i}", prompt(4 + i, 8), max_tokens=20), priority=10))
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    for _ in range(50):
+        control.estimator.record_step(0.1, 2)
+    assert control.estimator.predict_s(sched, priority=10) == pytest.approx(0.35, rel=1e-6)  # as at one priority
+    assert control.estimator.predict_s(sched, priority=0) == 0.0
+    with pytest.raises(Overloaded):
+        control.check(sched, replace(gen("batch", [1, 2]), priority=10), num_in_flight=2)
+    control.check(sched, replace(gen("urgent", [1, 2]), priority=0), num_in_flight=2)
+    assert control.estimator.joins_next_step(sched, priority=0)
+    assert not control.estimator.joins_next_step(sched, priority=10)
+
+
+def test_a_quiet_tenant_is_not_queued_behind_a_flooding_one():
+    """Tenant a's six waiting requests are not ahead of tenant b's arrival while a was served more: b waits only
+    for a slot (one finish at 2 a step: half a step)."""
+    sched = scheduler(max_num_seqs=4)
+    for i in range(4):
+        sched.add_request(replace(gen(f"run{i}", prompt(i, 8), max_tokens=20), tenant="a"))
+    sched.update_from_output(sched.schedule(), StepOutput())  # a is charged its 32 prompt tokens
+    for i in range(6):
+        sched.add_request(replace(gen(f"wait{i}", prompt(4 + i, 8), max_tokens=20), tenant="a"))
+    estimator = QueueWaitEstimator()
+    for _ in range(50):
+        estimator.record_step(0.1, 2)
+    assert estimator.predict_s(sched, tenant="a") == pytest.approx(0.35, rel=1e-6)
+    assert estimator.predict_s(sched, tenant="b") == pytest.approx(0.05, rel=1e-6)
+
+
+def test_a_burst_the_next_step_takes_whole_is_admitted_whatever_the_steps_in_flight():
+    """Requests arriving together during a long step: each one that still fits the next step's slots and budget
+    joins it (not only the first); the one past the slots is judged by its predicted wait."""
+    sched = scheduler(max_num_seqs=3, max_num_batched_tokens=64)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.1))
+    control.estimator.record_step(1.0, 0)  # a slow machine: the steps in flight alone are 1.5 s
+    for i in range(3):
+        request = gen(f"burst{i}", prompt(i, 8), max_tokens=20)
+        control.check(sched, request, num_in_flight=2)
+        sched.add_request(request)
+    with pytest.raises(Overloaded):
+        control.check(sched, gen("fourth", prompt(3, 8)), num_in_flight=2)
+    long_prompts = scheduler(max_num_seqs=8, max_num_batched_tokens=64)
+    long_prompts.add_request(gen("long", prompt(0, 64), max_tokens=20))  # takes the whole next step's budget
+    with pytest.raises(Overloaded):
+        control.check(long_prompts, gen("after", prompt(1, 8)), num_in_flight=2)
