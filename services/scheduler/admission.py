@@ -23,8 +23,9 @@ their slot up (preemption) and do not count.
 
 Each refusal also says how long the gateway may refuse further arrivals without asking (`admit_after_s`, at most
 `MAX_ADMIT_AFTER_S`): nothing that admission looks at changes before the step in flight ends, so arrivals until
-then would be refused too. The gateway sheds them before reading their bodies, which keeps a flood's parsing,
-tokenizing and gRPC calls off the cores that run the steps.
+then would be refused too; a predicted-wait refusal promises this only while one priority and one tenant are live
+(a more urgent or less served arrival could still be admitted). The gateway sheds them before reading their
+bodies, which keeps a flood's parsing, tokenizing and gRPC calls off the cores that run the steps.
 """
 
 from __future__ import annotations
@@ -143,6 +144,13 @@ def slot_bound(holders: list[Request], ahead: list[Request], num_to_finish: int,
     return float(bound)
 
 
+def _one_class(scheduler: Scheduler, priority: int, tenant: str) -> bool:
+    """Whether every live request, and every tenant recently served, has this priority and tenant."""
+    running = scheduler.running
+    return (scheduler.waiting.only(priority, tenant) and set(scheduler.fair_share.tenants) <= {tenant}
+            and (not running or running[0].priority == running[-1].priority == priority))
+
+
 def _average(old: float | None, new: float) -> float:
     return new if old is None else old + _SMOOTHING * (new - old)
 
@@ -171,8 +179,11 @@ class AdmissionControl:
         if (config.max_queue_wait_s and predicted_s > config.max_queue_wait_s
                 and not self.estimator.joins_next_step(scheduler, priority, tenant)):
             excess_s = predicted_s - config.max_queue_wait_s
+            # the gateway sheds without reading bodies: promise only while no arrival can be more urgent or
+            # less served than this one (one priority and one tenant live, as with no tenants configured)
+            promise_s = max(excess_s, step_ends_in_s) if _one_class(scheduler, priority, tenant) else 0.0
             self._refuse(f"the predicted queue time is {predicted_s:.2f}s (at most {config.max_queue_wait_s:g}s)",
-                         excess_s, max(excess_s, step_ends_in_s))
+                         excess_s, promise_s)
 
     def _refuse(self, why: str, wait_s: float, admit_after_s: float) -> None:
         self.num_refused += 1

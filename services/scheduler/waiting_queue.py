@@ -68,6 +68,10 @@ class WaitingQueue:
         tenant = min(tenants, key=lambda t: (share(t), self._position(tenants[t][0])))
         return tenants[tenant][0]
 
+    def only(self, priority: int, tenant: str) -> bool:
+        """Whether every waiting request (if any) has this priority and tenant."""
+        return not self._fifos or (set(self._fifos) == {priority} and set(self._fifos[priority]) == {tenant})
+
     @property
     def most_urgent_priority(self) -> int | None:
         return min(self._fifos) if self._fifos else None

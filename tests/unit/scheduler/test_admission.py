@@ -215,3 +215,18 @@ def test_a_burst_the_next_step_takes_whole_is_admitted_whatever_the_steps_in_fli
     long_prompts.add_request(gen("long", prompt(0, 64), max_tokens=20))  # takes the whole next step's budget
     with pytest.raises(Overloaded):
         control.check(long_prompts, gen("after", prompt(1, 8)), num_in_flight=2)
+
+
+def test_a_refusal_promises_nothing_while_a_more_urgent_or_less_served_arrival_could_be_admitted():
+    sched = scheduler(max_num_seqs=4)
+    fill(sched, num_running=4, num_waiting=6)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    for _ in range(50):
+        control.estimator.record_step(0.1, 2)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("same class", [1, 2]), step_ends_in_s=0.3)
+    assert info.value.admit_after_s == pytest.approx(0.3)  # one priority, one tenant: the promise holds
+    sched.add_request(replace(gen("batch", prompt(20, 8)), priority=10))
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("urgent", [1, 2]), step_ends_in_s=0.3)
+    assert info.value.admit_after_s == 0.0
