@@ -168,18 +168,18 @@ class Scheduler:
             if free > 0:
                 free -= 1
                 continue
-            victim = self._victim(self.running)
-            if victim.priority <= request.priority:
+            if self.running[self._victim_index()].priority <= request.priority:
                 break
-            self.running.remove(victim)
+            victim = self.running.pop(self._victim_index())
             self._preempt(victim)
             victims.append(victim)
         return victims
 
-    def _victim(self, candidates: list[Request]) -> Request:
-        """Whom to preempt first: the least urgent priority, then the most over-served tenant, then the newest."""
-        share = self.fair_share.share
-        return max(enumerate(candidates), key=lambda ic: (ic[1].priority, share(ic[1].tenant), ic[0]))[1]
+    def _victim_index(self, start: int = 0) -> int:
+        """Whom of running[start:] to preempt first: the least urgent priority, then the most over-served tenant,
+        then the newest (the last in running of those)."""
+        running, share = self.running, self.fair_share.share
+        return max(range(start, len(running)), key=lambda i: (running[i].priority, share(running[i].tenant), i))
 
     def _reached_limit(self, request: Request) -> bool:
         """Whether the tokens being sampled in steps in flight already end the request by length."""
@@ -194,10 +194,10 @@ class Scheduler:
 
     def _allocate_or_preempt(self, request: Request, num_new: int, index: int, preempted: list[Request]) -> bool:
         """Get blocks for the request (at `index` in running) for its next tokens, preempting requests not yet
-        scheduled in this step (itself included) until it fits, in `_victim`'s order; False when it was preempted."""
+        scheduled in this step (itself included) until it fits, in `_victim_index`'s order; False when it was
+        preempted."""
         while self.kv.allocate_slots(request, num_new) is None:
-            victim = self._victim(self.running[index:])
-            self.running.remove(victim)
+            victim = self.running.pop(self._victim_index(index))
             self._preempt(victim)
             preempted.append(victim)
             if victim is request:
