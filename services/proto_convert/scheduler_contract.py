@@ -19,14 +19,17 @@ _REASON_FROM_PB = {pb: reason for reason, pb in _REASON_TO_PB.items()}
 
 def generate_request_to_pb(request: GenerateRequest) -> scheduler_pb2.GenerateRequest:
     return scheduler_pb2.GenerateRequest(req_id=request.req_id, prompt_token_ids=request.prompt_token_ids,
-                                         sampling=sampling_to_pb(request.sampling), cache_salt=request.cache_salt)
+                                         sampling=sampling_to_pb(request.sampling), cache_salt=request.cache_salt,
+                                         priority=request.priority, tenant=request.tenant,
+                                         tenant_weight=request.tenant_weight)
 
 
 def generate_request_from_pb(pb: scheduler_pb2.GenerateRequest) -> GenerateRequest:
     """Raises SamplingParamsError for out-of-range sampling values (the servicer maps it to INVALID_ARGUMENT)."""
     return GenerateRequest(req_id=pb.req_id, prompt_token_ids=list(pb.prompt_token_ids),
                            sampling=sampling_from_pb(pb.sampling),
-                           cache_salt=pb.cache_salt if pb.HasField("cache_salt") else None)
+                           cache_salt=pb.cache_salt if pb.HasField("cache_salt") else None,
+                           priority=pb.priority, tenant=pb.tenant, tenant_weight=pb.tenant_weight or 1.0)
 
 
 def output_to_chunk(output: RequestOutput) -> scheduler_pb2.GenerateChunk:

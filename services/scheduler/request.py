@@ -37,11 +37,15 @@ class Request:
     num_blocks_on_worker: int = 0  # block ids already sent to the worker
     num_outputs_reported: int = 0  # output tokens already handed out in a RequestOutput
     block_hashes: list[bytes] = field(default_factory=list)  # prefix-cache keys of this request's full blocks
+    priority: int = 0  # lower is more urgent (vLLM's convention): orders the queue, picks preemption victims
+    tenant: str = ""  # whose request it is: the queue shares steps between tenants by their recent service
+    tenant_weight: float = 1.0  # the tenant's part of the capacity relative to other tenants (> 0)
 
     @classmethod
     def from_generate(cls, request: GenerateRequest) -> Request:
         return cls(request.req_id, list(request.prompt_token_ids), len(request.prompt_token_ids), request.sampling,
-                   request.cache_salt, request.arrival_time_s)
+                   request.cache_salt, request.arrival_time_s, priority=request.priority, tenant=request.tenant,
+                   tenant_weight=request.tenant_weight)
 
     @property
     def num_tokens(self) -> int:

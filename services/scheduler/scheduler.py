@@ -11,18 +11,29 @@ the output replaces the placeholder. Outputs of steps sent before a request fini
 dropped, so a request that stops at step N streams nothing from step N+1; a request preempted while its step ran
 keeps the token that step sampled. A request whose placeholders already take it to its length limit is not
 scheduled again.
+
+Priority and fair share: the waiting queue (WaitingQueue) takes the most urgent priority first, then the tenant
+with the least recent service over its weight (FairShare, charged with each step's tokens), then first come, first
+served. Running requests are kept by priority (admission order within one), so decodes of urgent requests get the
+budget first. A waiting request finding no free slot takes one from a running request of a less urgent priority
+(preempted: the least urgent, then the most over-served tenant, then the newest); preemption for KV blocks picks its
+victims in the same order among the requests not yet scheduled in the step. With one priority and one tenant all of
+this is first come, first served and the newest is preempted first.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+import itertools
 from dataclasses import dataclass, field, replace
 
+from services.scheduler.fair_share import FairShare
 from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.scheduler_counters import SchedulerCounters
 from services.scheduler.stop_checker import check_stop
+from services.scheduler.waiting_queue import WaitingQueue
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import CachedRequest, FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
@@ -47,9 +58,10 @@ class Scheduler:
         self.kv = KVCacheManager(description.num_kv_blocks, description.block_size, config.enable_prefix_caching,
                                  config.watermark)
         self.requests: dict[str, Request] = {}
-        self.waiting: deque[Request] = deque()
+        self.fair_share = FairShare()
+        self.waiting = WaitingQueue(self.fair_share)
         self.preparing: dict[str, Request] = {}  # waiting for the worker to compile their grammar: not admitted yet
-        self.running: list[Request] = []  # admission order: the last one is preempted first
+        self.running: list[Request] = []  # by priority, then admission order
         self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
         self.counters = SchedulerCounters()
 
@@ -79,6 +91,8 @@ class Scheduler:
         num_prompt, limit = len(generate.prompt_token_ids), description.max_model_len
         if num_prompt == 0:
             raise RequestRejected("the prompt is empty")
+        if not generate.tenant_weight > 0:
+            raise RequestRejected(f"the tenant's weight must be positive, not {generate.tenant_weight}")
         if num_prompt >= limit:
             raise RequestRejected(f"the prompt has {num_prompt} tokens but this model's context limit is {limit} "
                                   f"tokens (at least one must remain for the output)")
@@ -116,27 +130,57 @@ class Scheduler:
         step = StepInput(finished_req_ids=self.finished_req_ids, incarnation_id=self.description.incarnation_id)
         scheduled = SchedulerOutput(step)
         self.finished_req_ids = []
-        preempted: list[Request] = []
+        self.fair_share.advance()
+        for_slots = self._preempt_for_urgent()
+        preempted: list[Request] = []  # for KV blocks
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            index += 1
             if self._reached_limit(request):
+                index += 1
                 continue  # the steps in flight take it to its length limit: it finishes when their outputs come
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
-            if not self._allocate_or_preempt(request, num_new, preempted):
-                break  # the request preempted itself: nothing after it is running any more
+            if not self._allocate_or_preempt(request, num_new, index, preempted):
+                continue  # the request preempted itself: the one after it is at `index` now
             self._schedule(request, num_new, scheduled)
             budget -= num_new
-        for request in preempted:
+            index += 1
+        for request in itertools.chain(for_slots, preempted):
             if request.on_worker:
                 step.finished_req_ids.append(request.req_id)
                 request.on_worker = False
         if not preempted:
             self._admit(budget, scheduled)
-        self.counters.record_step(step.total_num_scheduled_tokens, len(preempted))
-        scheduled.preempted_req_ids = [r.req_id for r in preempted]
+        self.counters.record_step(step.total_num_scheduled_tokens, len(for_slots) + len(preempted))
+        scheduled.preempted_req_ids = [r.req_id for r in itertools.chain(for_slots, preempted)]
         return scheduled
+
+    def _preempt_for_urgent(self) -> list[Request]:
+        """Preempt running requests for waiting ones of a more urgent priority that would find no free slot."""
+        most_urgent = self.waiting.most_urgent_priority
+        if most_urgent is None or not self.running or most_urgent >= self.running[-1].priority:
+            return []  # nothing waits that is more urgent than the least urgent running request (the usual case)
+        free = self.config.max_num_seqs - len(self.running)
+        least_urgent = self.running[-1].priority
+        urgent = itertools.takewhile(lambda r: r.priority < least_urgent, self.waiting)
+        urgent = list(itertools.islice(urgent, self.config.max_num_seqs))  # more could not all get a slot anyway
+        victims: list[Request] = []
+        for request in urgent:
+            if free > 0:
+                free -= 1
+                continue
+            if self.running[self._victim_index()].priority <= request.priority:
+                break
+            victim = self.running.pop(self._victim_index())
+            self._preempt(victim)
+            victims.append(victim)
+        return victims
+
+    def _victim_index(self, start: int = 0) -> int:
+        """Whom of running[start:] to preempt first: the least urgent priority, then the most over-served tenant,
+        then the newest (the last in running of those)."""
+        running, share = self.running, self.fair_share.share
+        return max(range(start, len(running)), key=lambda i: (running[i].priority, share(running[i].tenant), i))
 
     def _reached_limit(self, request: Request) -> bool:
         """Whether the tokens being sampled in steps in flight already end the request by length."""
@@ -149,10 +193,12 @@ class Scheduler:
         it by no more than the finish slack (no short tail left for the next step), else the budget."""
         return num_left if num_left <= budget + self.config.finish_slack else budget
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
-        """Get blocks for the request's next tokens, preempting the newest running requests until it fits."""
+    def _allocate_or_preempt(self, request: Request, num_new: int, index: int, preempted: list[Request]) -> bool:
+        """Get blocks for the request (at `index` in running) for its next tokens, preempting requests not yet
+        scheduled in this step (itself included) until it fits, in `_victim_index`'s order; False when it was
+        preempted."""
         while self.kv.allocate_slots(request, num_new) is None:
-            victim = self.running.pop()
+            victim = self.running.pop(self._victim_index(index))
             self._preempt(victim)
             preempted.append(victim)
             if victim is request:
@@ -170,14 +216,16 @@ class Scheduler:
     def _admit(self, budget: int, scheduled: SchedulerOutput) -> None:
         deferred: list[Request] = []  # sitting out this step, in queue order
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             if request.num_placeholders:  # preempted while a step ran: its tokens are not all known yet
-                deferred.append(self.waiting.popleft())
+                self.waiting.remove(request)
+                deferred.append(request)
                 continue
             prefix = self.kv.find_prefix(request)
             # a running request is computing the next block this one needs: wait for the hit instead of redoing it
             if self.kv.prefix_in_flight(request, prefix):
-                deferred.append(self.waiting.popleft())
+                self.waiting.remove(request)
+                deferred.append(request)
                 self.counters.record_deferral()
                 continue
             num_computed = prefix.num_tokens(self.kv.block_size)
@@ -190,11 +238,12 @@ class Scheduler:
             # the watermark protects running decodes; with none running it would only keep a big request out forever
             if self.kv.allocate_slots(request, num_new, prefix, admission=bool(self.running)) is None:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             self._start(request, num_computed, prefix)
             self._schedule(request, num_new, scheduled)
             budget -= num_new
-        self.waiting.extendleft(reversed(deferred))
+        for request in reversed(deferred):
+            self.waiting.appendleft(request)
 
     def _start(self, request: Request, num_computed: int, prefix: PrefixHit) -> None:
         request.status = RequestStatus.RUNNING
@@ -203,7 +252,8 @@ class Scheduler:
         if request.num_cached_tokens is None:  # first admission: resumptions after preemption are not counted
             request.num_cached_tokens = num_computed
             self.kv.record_prefix_query(request.num_tokens, prefix)
-        self.running.append(request)
+        # after every running request of its priority or a more urgent one
+        self.running.insert(bisect.bisect_right(self.running, request.priority, key=lambda r: r.priority), request)
 
     def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput) -> None:
         """Add the request to the step, as a new mirror or as the delta since its last step, and count the step's
@@ -222,6 +272,7 @@ class Scheduler:
         step.num_scheduled_tokens[request.req_id] = num_new
         scheduled.requests[request.req_id] = request
         request.num_computed_tokens += num_new
+        self.fair_share.charge(request.tenant, num_new, request.tenant_weight)
         if request.num_computed_tokens == request.num_tokens_ahead:
             request.num_placeholders += 1
 

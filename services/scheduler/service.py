@@ -48,6 +48,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             "scheduler.generate", context=incoming_context(context.invocation_metadata()), kind=SpanKind.SERVER,
             attributes={"req_id": generate.req_id, "gen_ai.request.model": engine.scheduler.description.model_name,
                         "gen_ai.usage.input_tokens": len(generate.prompt_token_ids),
+                        "priority": generate.priority, "tenant": generate.tenant,
                         **gen_ai_request_attributes(generate.sampling)})
         try:
             queue = engine.add_request(generate, span, traceparent_of(span))

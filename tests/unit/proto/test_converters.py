@@ -110,6 +110,14 @@ def test_generate_request_and_chunks_round_trip():
         assert output_from_chunk("r1", output_to_chunk(output)) == output
 
 
+def test_priority_and_tenant_round_trip_and_unset_ones_are_the_defaults():
+    request = GenerateRequest("r1", [1, 2], PARAMS, priority=-3, tenant="team-a", tenant_weight=2.5)
+    back = generate_request_from_pb(generate_request_to_pb(request))
+    assert (back.priority, back.tenant, back.tenant_weight) == (-3, "team-a", 2.5)
+    unset = generate_request_from_pb(scheduler_pb2.GenerateRequest(req_id="r2", prompt_token_ids=[1]))
+    assert (unset.priority, unset.tenant, unset.tenant_weight) == (0, "", 1.0)  # weight 0 on the wire: unset
+
+
 def test_description_and_stats_round_trip():
     description = ModelDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
                                     268369920, incarnation_id="w-1")

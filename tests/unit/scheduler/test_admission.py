@@ -3,6 +3,8 @@ empty server takes everything. Predictions are checked against hand-computed fig
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.scheduler.admission import (
@@ -44,9 +46,11 @@ def test_an_idle_server_takes_everything_and_predicts_no_wait():
     assert control.estimator.predict_s(sched) == 0.0 and control.num_refused == 0
 
 
-def test_steps_in_flight_are_waited_for_even_with_no_queue():
-    """Half the running step, all of the one queued behind it (async scheduling), and then the request's own."""
-    sched = scheduler()
+def test_steps_in_flight_are_predicted_but_refuse_no_request_that_joins_the_next_step():
+    """Half the running step, all of the one queued behind it (async scheduling), and then the request's own. A
+    request that the next step takes (a free slot, room in the budget) is admitted whatever the steps in flight: no
+    refusal shortens them; one that must also wait for a slot is refused with them counted."""
+    sched = scheduler(max_num_seqs=5)
     fill(sched, num_running=4, num_waiting=0)
     estimator = QueueWaitEstimator()
     estimator.record_step(0.1, 0)
@@ -55,9 +59,12 @@ def test_steps_in_flight_are_waited_for_even_with_no_queue():
     assert estimator.predict_s(sched, num_in_flight=2) == pytest.approx(0.15)
     control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.1))
     control.estimator = estimator
-    control.check(sched, gen("serial", [1, 2]), num_in_flight=1)
-    with pytest.raises(Overloaded, match=r"predicted queue time is 0.15s \(at most 0.1s\)"):
-        control.check(sched, gen("behind two", [1, 2]), num_in_flight=2)
+    control.check(sched, gen("joins", [1, 2]), num_in_flight=2)
+    sched.add_request(gen("took the slot", prompt(9, 8), max_tokens=20))
+    # no slot left: the first of 4 running requests with 20 outputs left frees one after 20 steps of 0.1 s
+    with pytest.raises(Overloaded, match=r"predicted queue time is 2.15s \(at most 0.1s\)"):
+        control.check(sched, gen("behind", [1, 2]), num_in_flight=2)
+    assert control.num_refused == 1
 
 
 def test_the_waiting_queue_is_bounded_by_requests_and_by_prompt_tokens():
@@ -152,3 +159,74 @@ def test_a_full_queue_promises_until_the_step_in_flight_ends():
     with pytest.raises(Overloaded) as info:
         AdmissionControl(AdmissionConfig(max_waiting_tokens=16)).check(sched, gen("z", [1]), step_ends_in_s=0.06)
     assert info.value.admit_after_s == pytest.approx(0.06)
+
+
+def test_the_predicted_wait_counts_only_work_of_the_same_or_a_more_urgent_priority():
+    """Four running and six waiting at priority 10 (max_num_seqs 4): a priority-10 arrival waits for 7 finishes, a
+    priority-0 one for nothing (a running priority-10 request gives its slot up): admitted though two steps are in
+    flight and they are over the bound."""
+    sched = scheduler(max_num_seqs=4)
+    for i in range(4):
+        sched.add_request(replace(gen(f"run{i}", prompt(i, 8), max_tokens=20), priority=10))
+    sched.update_from_output(sched.schedule(), StepOutput())
+    for i in range(6):
+        sched.add_request(replace(gen(f"wait{i}", prompt(4 + i, 8), max_tokens=20), priority=10))
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    for _ in range(50):
+        control.estimator.record_step(0.1, 2)
+    assert control.estimator.predict_s(sched, priority=10) == pytest.approx(0.35, rel=1e-6)  # as at one priority
+    assert control.estimator.predict_s(sched, priority=0) == 0.0
+    with pytest.raises(Overloaded):
+        control.check(sched, replace(gen("batch", [1, 2]), priority=10), num_in_flight=2)
+    control.check(sched, replace(gen("urgent", [1, 2]), priority=0), num_in_flight=2)
+    assert control.estimator.joins_next_step(sched, priority=0)
+    assert not control.estimator.joins_next_step(sched, priority=10)
+
+
+def test_a_quiet_tenant_is_not_queued_behind_a_flooding_one():
+    """Tenant a's six waiting requests are not ahead of tenant b's arrival while a was served more: b waits only
+    for a slot (one finish at 2 a step: half a step)."""
+    sched = scheduler(max_num_seqs=4)
+    for i in range(4):
+        sched.add_request(replace(gen(f"run{i}", prompt(i, 8), max_tokens=20), tenant="a"))
+    sched.update_from_output(sched.schedule(), StepOutput())  # a is charged its 32 prompt tokens
+    for i in range(6):
+        sched.add_request(replace(gen(f"wait{i}", prompt(4 + i, 8), max_tokens=20), tenant="a"))
+    estimator = QueueWaitEstimator()
+    for _ in range(50):
+        estimator.record_step(0.1, 2)
+    assert estimator.predict_s(sched, tenant="a") == pytest.approx(0.35, rel=1e-6)
+    assert estimator.predict_s(sched, tenant="b") == pytest.approx(0.05, rel=1e-6)
+
+
+def test_a_burst_the_next_step_takes_whole_is_admitted_whatever_the_steps_in_flight():
+    """Requests arriving together during a long step: each one that still fits the next step's slots and budget
+    joins it (not only the first); the one past the slots is judged by its predicted wait."""
+    sched = scheduler(max_num_seqs=3, max_num_batched_tokens=64)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.1))
+    control.estimator.record_step(1.0, 0)  # a slow machine: the steps in flight alone are 1.5 s
+    for i in range(3):
+        request = gen(f"burst{i}", prompt(i, 8), max_tokens=20)
+        control.check(sched, request, num_in_flight=2)
+        sched.add_request(request)
+    with pytest.raises(Overloaded):
+        control.check(sched, gen("fourth", prompt(3, 8)), num_in_flight=2)
+    long_prompts = scheduler(max_num_seqs=8, max_num_batched_tokens=64)
+    long_prompts.add_request(gen("long", prompt(0, 64), max_tokens=20))  # takes the whole next step's budget
+    with pytest.raises(Overloaded):
+        control.check(long_prompts, gen("after", prompt(1, 8)), num_in_flight=2)
+
+
+def test_a_refusal_promises_nothing_while_a_more_urgent_or_less_served_arrival_could_be_admitted():
+    sched = scheduler(max_num_seqs=4)
+    fill(sched, num_running=4, num_waiting=6)
+    control = AdmissionControl(AdmissionConfig(max_queue_wait_s=0.2))
+    for _ in range(50):
+        control.estimator.record_step(0.1, 2)
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("same class", [1, 2]), step_ends_in_s=0.3)
+    assert info.value.admit_after_s == pytest.approx(0.3)  # one priority, one tenant: the promise holds
+    sched.add_request(replace(gen("batch", prompt(20, 8)), priority=10))
+    with pytest.raises(Overloaded) as info:
+        control.check(sched, gen("urgent", [1, 2]), step_ends_in_s=0.3)
+    assert info.value.admit_after_s == 0.0

@@ -139,3 +139,18 @@ async def test_a_failed_request_marks_its_span_as_an_error(spans):
         assert span.status.status_code is StatusCode.ERROR and span.attributes["error.type"] == error
         assert any(e.name == "exception" for e in span.events)
     assert spans_by_id["lost"].attributes["gen_ai.request.model"] == "fake"
+
+
+@pytest.mark.asyncio
+async def test_the_request_span_carries_its_priority_and_tenant(spans):
+    _, exporter = spans
+    servicer = SchedulerServicer()
+    servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
+    async with running(servicer.engine):
+        for request in (GenerateRequest("urgent", [5, 6], SamplingParams(max_tokens=2), priority=-2, tenant="team-a"),
+                        GenerateRequest("plain", [5, 6], SamplingParams(max_tokens=2))):
+            async for _ in servicer.Generate(generate_request_to_pb(request), FakeContext()):
+                pass
+    spans_by_id = {s.attributes["req_id"]: s for s in exporter.get_finished_spans() if s.name == "scheduler.generate"}
+    assert (spans_by_id["urgent"].attributes["priority"], spans_by_id["urgent"].attributes["tenant"]) == (-2, "team-a")
+    assert (spans_by_id["plain"].attributes["priority"], spans_by_id["plain"].attributes["tenant"]) == (0, "")
