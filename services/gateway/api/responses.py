@@ -9,18 +9,17 @@ next turn's `previous_response_id`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable
 
-from fastapi import APIRouter, FastAPI
+from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 
 from services.gateway.api.chat import create_chat_completion
 from services.gateway.api.request_run import REPLICA_HEADER
-from services.gateway.api.response_store import ResponseStore, StoredResponse, open_store
+from services.gateway.api.response_store import ResponseStore, StoredResponse
 from services.gateway.api.responses_input import chat_request, input_items, responses_param
 from services.gateway.api.responses_output import ResponseBuilder, ResponseHead, build_whole, new_id
 from services.gateway.api.responses_protocol import InputItem, ResponsesRequest
@@ -86,34 +85,22 @@ async def create_response(body: ResponsesRequest, serving: Serving, store: Respo
     return JSONResponse(response, headers=headers)
 
 
-def responses_router(serving: Serving, request_id: Callable[[Request], str]) -> APIRouter:
-    """The Responses API's routes; the store opens with the router and closes with the app."""
-    config = serving.config
-    store = open_store(config.redis_url, config.responses_store_ttl_s, config.responses_store_max_bytes,
-                       serving.metrics.registry)
+def add_responses_routes(app: FastAPI, serving: Serving, request_id: Callable[[Request], str]) -> None:
+    store = serving.response_store
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
-        await store.close()
-
-    router = APIRouter(lifespan=lifespan)
-
-    @router.post("/v1/responses")
+    @app.post("/v1/responses")
     async def create(body: ResponsesRequest, request: Request):
         return await create_response(body, serving, store, request, request_id(request))
 
-    @router.get("/v1/responses/{response_id}")
+    @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
         stored = await store.get(response_id)
         if stored is None:
             raise not_found(response_id)
         return stored.response
 
-    @router.delete("/v1/responses/{response_id}")
+    @app.delete("/v1/responses/{response_id}")
     async def delete(response_id: str):
         if not await store.delete(response_id):
             raise not_found(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
-
-    return router
