@@ -124,10 +124,9 @@ _CHAT_PARAMS = {"messages": "input", "max_completion_tokens": "max_output_tokens
 
 
 def responses_param(param: str | None) -> str | None:
-    """A chat error's field under its Responses API name."""
-    if param is None:
-        return None
-    head = param.split("[", 1)[0]
-    if param in _CHAT_PARAMS:
-        return _CHAT_PARAMS[param]
-    return "tools" if head == "tools" else "input" if head == "messages" else param
+    """A chat error's field under its Responses API name (tools[i].function.x is tools[i].x here)."""
+    if param is None or param in _CHAT_PARAMS:
+        return _CHAT_PARAMS.get(param, param) if param else None
+    if param.startswith("tools["):
+        return param.replace(".function", "", 1)
+    return "input" if param.startswith("messages") else param

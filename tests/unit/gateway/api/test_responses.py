@@ -170,6 +170,14 @@ def test_named_tool_choice_and_a_bad_call_argument(tokenizer):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1].arguments"
 
 
+def test_a_chat_error_names_the_responses_field(tokenizer):
+    strict = {**WEATHER, "strict": True, "parameters": {"type": "object", "not": {"required": ["city"]}}}
+    with gateway(tokenizer) as (client, _, _):
+        answer = client.post("/v1/responses", json={"input": "Weather?", "tools": [strict], "store": False})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "tools[0].parameters"
+    assert "'not'" in answer.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("tool", ["web_search", "web_search_preview", "file_search", "code_interpreter", "mcp"])
 def test_built_in_tools_are_refused_by_name(tokenizer, tool):
     with gateway(tokenizer) as (client, fake, _):
