@@ -21,7 +21,7 @@ def test_create_and_stream_give_the_same_greedy_answer(client, model_name):
     assert final.usage.output_tokens == created.usage.output_tokens
 
 
-def test_previous_response_id_continues_a_stored_conversation(client, model_name):
+def test_previous_response_id_continues_a_stored_conversation(client, model_name, stack):
     first = client.responses.create(model=model_name, input="My name is Ada. Say hello.", max_output_tokens=16,
                                     temperature=0.0, instructions="You are a helpful assistant.")
     second = client.responses.create(model=model_name, input="What is my name?", previous_response_id=first.id,
@@ -29,6 +29,8 @@ def test_previous_response_id_continues_a_stored_conversation(client, model_name
     assert second.previous_response_id == first.id
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens  # the earlier turn
     assert client.responses.retrieve(second.id).output_text == second.output_text
+    redis = stack.redis.client()
+    assert redis.exists(f"pagedserve:response:{second.id}") and 0 < redis.ttl(f"pagedserve:response:{second.id}")
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
