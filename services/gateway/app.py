@@ -17,6 +17,7 @@ from services.gateway.api.chat import create_chat_completion, template_args
 from services.gateway.api.completions import create_completion
 from services.gateway.api.openapi_schema import install_openapi
 from services.gateway.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from services.gateway.api.responses import add_responses_routes
 from services.gateway.api.serving import Serving
 from services.gateway.http.admission import AdmissionGate, draining_error
 from services.gateway.http.body_limit import BodyLimit
@@ -62,6 +63,7 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     config = serving.config
     add_cors(app, config.allowed_origins, config.allowed_methods, config.allowed_headers, config.allow_credentials)
     _add_routes(app, serving)
+    add_responses_routes(app, serving, request_id)
     install_openapi(app, config.max_num_choices, lambda: serving.description, api_key=bool(config.api_key))
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor

@@ -47,6 +47,8 @@ class GatewayConfig:
     health_poll_interval_s: float = 1.0  # how often the gateway checks each scheduler's health
     health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
+    responses_store_ttl_s: float = 3600.0  # how long a stored response (`store`, previous_response_id) is kept
+    responses_store_max_bytes: int = 64 * 1024**2  # without --redis-url: this gateway's store holds this much JSON
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
@@ -58,11 +60,14 @@ class GatewayConfig:
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
-        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests"):
+        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
+                     "responses_store_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")
+        if self.responses_store_ttl_s <= 0:
+            raise ValueError(f"responses_store_ttl_s must be positive, got {self.responses_store_ttl_s}")
         if self.stream_stall_timeout_s <= 0:
             raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")
         parse_targets(self.scheduler_address)  # a ValueError naming the bad entry

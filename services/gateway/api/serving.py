@@ -11,6 +11,7 @@ from pathlib import Path
 
 from services.gateway.api.generation import ChoiceJob
 from services.gateway.api.protocol import SamplingFields
+from services.gateway.api.response_store import ResponseStore, open_store
 from services.gateway.api.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
 from services.gateway.config import GatewayConfig
 from services.gateway.http.admission import Admission
@@ -43,6 +44,7 @@ class Serving:
     router: Router = field(init=False)
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
     grammar_checker: GrammarChecker | None = None  # started with the first constrained request
+    response_store: ResponseStore = field(init=False)  # the Responses API's stored responses
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
@@ -51,6 +53,8 @@ class Serving:
         self.router = Router(config, self.replicas, self.mirror, RouterMetrics(self.metrics.registry))
         self.admission.refusing_for_s = self.router.refusing_for_s
         self.metrics.registry.register(ReplicaStateCollector(self.router))
+        self.response_store = open_store(self.config.redis_url, self.config.responses_store_ttl_s,
+                                         self.config.responses_store_max_bytes, self.metrics.registry)
 
     @property
     def ready(self) -> bool:
@@ -129,6 +133,7 @@ class Serving:
         return await self.grammar_checker.check(constraint)
 
     async def close(self) -> None:
+        await self.response_store.close()
         if self.grammar_checker is not None:
             await self.grammar_checker.close()
 
