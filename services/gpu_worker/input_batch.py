@@ -3,6 +3,8 @@
 Region map of the flattened batch (decodes first, then prefill chunks):
     rows  [0, num_decodes)                   one token each, the request's newest position
     rows  [num_decodes, T)                   chunk i covers positions [computed_i, computed_i + scheduled_i)
+A request with draft tokens (speculative decoding) is a chunk over its last known token and its drafts; it keeps
+the logits of all those rows (each verifies the next draft), the others only of their last row.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ class ModelInput:
     requests: list[RequestState]  # batch order
     num_scheduled: list[int]  # parallel to requests
     sample_indices: list[int]  # indices into `requests` of those that sample a token this step
-    logits_rows: KeptRows  # the row of each sampling request's last token
+    logits_rows: KeptRows  # the row of each sampling request's last token (and of its drafts' rows before it)
+
+    @property
+    def has_drafts(self) -> bool:
+        return any(self.requests[i].draft_token_ids for i in self.sample_indices)
 
 
 def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) -> list[int]:
@@ -40,7 +46,7 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     starts = [r.num_computed_tokens for r in requests]
     token_ids: list[int] = []
     for r, start, n in zip(requests, starts, num_scheduled, strict=True):
-        token_ids.extend(r.token_ids[start: start + n])
+        token_ids.extend((r.token_ids + r.draft_token_ids if r.draft_token_ids else r.token_ids)[start: start + n])
 
     lengths = torch.tensor(num_scheduled, dtype=torch.long)
     query_start_loc = torch.zeros(len(requests) + 1, dtype=torch.long)
@@ -57,7 +63,7 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     slot_mapping = block_tables[request_of_row, positions // block_size].long() * block_size + positions % block_size
 
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
-                      if s + n == len(r.token_ids)]
+                      if s + n == len(r.token_ids) + len(r.draft_token_ids)]
     num_decodes = sum(1 for n in num_scheduled if n == 1)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
@@ -77,6 +83,19 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
         requests=requests,
         num_scheduled=num_scheduled,
         sample_indices=sample_indices,
-        logits_rows=KeptRows((query_start_loc[1:][sample_indices] - 1).to(device),
-                             StepRows(len(sample_indices), sum(1 for i in sample_indices if i < num_decodes))),
+        logits_rows=_logits_rows(requests, sample_indices, query_start_loc, num_decodes, device),
     )
+
+
+def _logits_rows(requests: list[RequestState], sample_indices: list[int], query_start_loc: torch.Tensor,
+                 num_decodes: int, device: torch.device) -> KeptRows:
+    """Each sampling request's last row, preceded by one row per draft token it carries."""
+    num_sampling_decodes = sum(1 for i in sample_indices if i < num_decodes)
+    last_rows = query_start_loc[1:][sample_indices] - 1
+    num_drafts = torch.tensor([len(requests[i].draft_token_ids) for i in sample_indices], dtype=torch.long)
+    if not bool(num_drafts.any()):
+        return KeptRows(last_rows.to(device), StepRows(len(sample_indices), num_sampling_decodes))
+    counts = num_drafts + 1
+    firsts = torch.repeat_interleave(last_rows - num_drafts, counts)
+    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return KeptRows((firsts + offsets).to(device), StepRows(int(counts.sum()), num_sampling_decodes))

@@ -20,6 +20,7 @@ from services.gpu_worker.platforms import platform_for
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from services.gpu_worker.spec_decode.verify_step import verify_step
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
 
@@ -78,7 +79,8 @@ class ModelRunner:
         if batch.sample_indices:
             logits = self.model.compute_logits(hidden, batch.logits_rows.rows)
             sample_start_ns = time.perf_counter_ns()
-            output = self._sample(batch, logits)
+            output = self._sample(batch, logits) if not batch.has_drafts else verify_step(
+                batch, logits, self._sample, self.model_config.vocab_size, self.kv_cache.block_size)
             sample_ns = time.perf_counter_ns() - sample_start_ns
         for request, n in zip(batch.requests, batch.num_scheduled, strict=True):
             request.num_computed_tokens += n

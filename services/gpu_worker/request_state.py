@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.sampling_params import SamplingParams
@@ -22,6 +22,8 @@ class RequestState:
     stop_token_ids: tuple[int, ...]  # banned by the sampler until min_tokens outputs exist
     banned_token_ids: tuple[int, ...] = ()  # never sampled: the model's EOS ids under ignore_eos
     grammar: RequestGrammar | None = None  # the request's structured-output matcher, advanced by each sample
+    # this step's draft tokens (speculative decoding): computed after token_ids, verified, then cleared
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -22,6 +22,8 @@ from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.scheduler_stats import SchedulerCounters, SchedulerStats
+from services.scheduler.spec_decode.config import SpeculativeConfig
+from services.scheduler.spec_decode.planner import DraftPlanner
 from services.scheduler.stop_checker import check_stop
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.step_protocol import CachedRequest, FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
@@ -51,6 +53,8 @@ class Scheduler:
         self.running: list[Request] = []  # admission order: the last one is preempted first
         self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
         self.counters = SchedulerCounters()
+        speculative = SpeculativeConfig.from_json(config.speculative_config)
+        self.drafts = DraftPlanner(speculative, description.max_model_len) if speculative else None
 
     # --- requests in and out -------------------------------------------------------------------------------
 
@@ -117,16 +121,19 @@ class Scheduler:
         self.finished_req_ids = []
         preempted: list[Request] = []
         index = 0
+        speculate = self.drafts is not None and self.drafts.enabled_for(len(self.running))
         while index < len(self.running) and budget > 0:
             request = self.running[index]
             index += 1
-            if self._reached_limit(request):
-                continue  # the steps in flight take it to its length limit: it finishes when their outputs come
+            if self._reached_limit(request) or request.num_drafts_in_flight or (
+                    speculate and self.drafts.holds_back(request)):
+                continue  # the steps in flight take it to its length limit, or it waits for them to draft after
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
+            drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else []
             if not self._allocate_or_preempt(request, num_new, preempted):
                 break  # the request preempted itself: nothing after it is running any more
-            self._schedule(request, num_new, scheduled)
-            budget -= num_new
+            self._schedule(request, num_new, scheduled, drafts)
+            budget -= num_new + len(drafts)
         for request in preempted:
             if request.on_worker:
                 step.finished_req_ids.append(request.req_id)
@@ -136,6 +143,13 @@ class Scheduler:
         self.counters.record_step(step.total_num_scheduled_tokens, len(preempted))
         scheduled.preempted_req_ids = [r.req_id for r in preempted]
         return scheduled
+
+    def _drafts(self, request: Request, budget_left: int) -> list[int]:
+        """A decode's draft tokens, their KV slots reserved; none when the pool has no room for them."""
+        drafts = self.drafts.drafts(request, budget_left)
+        if drafts and self.kv.allocate_slots(request, 1 + len(drafts)) is None:
+            return []
+        return drafts
 
     def _reached_limit(self, request: Request) -> bool:
         """Whether the tokens being sampled in steps in flight already end the request by length."""
@@ -204,9 +218,12 @@ class Scheduler:
             self.kv.record_prefix_query(request.num_tokens, prefix)
         self.running.append(request)
 
-    def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput) -> None:
+    def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput,
+                  drafts: list[int] | None = None) -> None:
         """Add the request to the step, as a new mirror or as the delta since its last step, and count the step's
-        tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then)."""
+        tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then).
+        Draft tokens are computed after the last known one; until the output settles them (DraftPlanner.settle)
+        they count as computed and the step holds one placeholder."""
         step = scheduled.step_input
         block_ids = self.kv.block_ids(request.req_id)
         if request.on_worker:
@@ -223,6 +240,11 @@ class Scheduler:
         request.num_computed_tokens += num_new
         if request.num_computed_tokens == request.num_tokens_ahead:
             request.num_placeholders += 1
+        if drafts:
+            step.draft_token_ids[request.req_id] = drafts
+            step.num_scheduled_tokens[request.req_id] += len(drafts)
+            request.num_computed_tokens += len(drafts)
+            request.num_drafts_in_flight = len(drafts)
 
     # --- after the worker ran the step ---------------------------------------------------------------------
 
@@ -232,14 +254,18 @@ class Scheduler:
         ERROR (its output carries the error), its blocks freed and none of this step's indexed."""
         outputs = [self._fail(scheduled.requests[failure.req_id], failure) for failure in output.failed
                    if self._live(scheduled, failure.req_id)]
+        for req_id, num_accepted in output.num_accepted_drafts.items():
+            if self._live(scheduled, req_id):
+                self.drafts.settle(scheduled.requests[req_id], num_accepted, self.kv)
         for request in scheduled.requests.values():
             if request.status is RequestStatus.RUNNING and self.requests.get(request.req_id) is request:
                 self.kv.cache_full_blocks(request)
+        emitted: dict[str, tuple[Request, list]] = {}  # one output per request, with every token it took this step
         for req_id, token_id, logprobs in zip(output.req_ids, output.sampled_token_ids, output.logprobs,
                                               strict=True):
             request = scheduled.requests.get(req_id)
             if request is None or self.requests.get(req_id) is not request:
-                continue  # finished or aborted since the step was scheduled: its token is dropped
+                continue  # finished or aborted since the step was scheduled (or by an earlier token of this step)
             assert request.num_placeholders > 0, f"request {req_id} sampled a token no step was due to sample"
             request.num_placeholders -= 1
             request.token_ids.append(token_id)
@@ -247,7 +273,8 @@ class Scheduler:
             reason = check_stop(request, token_id, self.description.eos_token_ids, self.description.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(self._output(request, [logprobs]))
+            emitted.setdefault(req_id, (request, []))[1].append(logprobs)
+        outputs.extend(self._output(request, logprobs) for request, logprobs in emitted.values())
         return outputs
 
     def _live(self, scheduled: SchedulerOutput, req_id: str) -> bool:
