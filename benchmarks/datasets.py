@@ -5,13 +5,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from benchmarks.copy_heavy import copy_heavy_prompts
 from benchmarks.prompts import TokenPool, exact_text, random_text
 from benchmarks.tokenizer import BenchTokenizer
 
-DATASET_NAMES = ("random", "shared-prefix", "sharegpt", "custom")
+DATASET_NAMES = ("random", "shared-prefix", "copy-heavy", "sharegpt", "custom")
 # Made-up prompts: a model's answer to them may end at once (EOS), so the bench suppresses EOS for these by
 # default, to measure the lengths asked for (--no-ignore-eos lets answers stop where the model ends them).
-SYNTHETIC_DATASETS = ("random", "shared-prefix")
+SYNTHETIC_DATASETS = ("random", "shared-prefix", "copy-heavy")
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,12 @@ def sample_lengths(rng: np.random.Generator, mean_len: int, range_ratio: float, 
 
 def build_dataset(cfg: DatasetConfig, tokenizer: BenchTokenizer | None, seed: int) -> list[BenchRequest]:
     rng = np.random.default_rng(seed)
-    if cfg.name in ("random", "shared-prefix"):
+    if cfg.name in SYNTHETIC_DATASETS:
         if tokenizer is None:
             raise ValueError(f"--dataset-name {cfg.name} needs a tokenizer: pass --tokenizer (a Hugging Face "
                              "tokenizer folder); the server's /v1/models named no model folder on this machine")
         pool = TokenPool.from_tokenizer(tokenizer)
-        build = build_random if cfg.name == "random" else build_shared_prefix
+        build = {"random": build_random, "shared-prefix": build_shared_prefix, "copy-heavy": build_copy_heavy}[cfg.name]
         return build(cfg, tokenizer, pool, rng)
     from benchmarks.dataset_files import load_custom, load_sharegpt
 
@@ -93,6 +94,17 @@ def build_random(
         text, num_tokens = exact_text(tokenizer, pool, rng, ids, cfg.random_prefix_len + input_len)
         requests.append(BenchRequest(text, num_tokens, output_len))
     return requests
+
+
+def build_copy_heavy(
+    cfg: DatasetConfig, tokenizer: BenchTokenizer, pool: TokenPool, rng: np.random.Generator
+) -> list[BenchRequest]:
+    """Lengths as for random (--random-input-len / --random-output-len / --random-range-ratio)."""
+    input_lens = sample_lengths(rng, cfg.random_input_len, cfg.random_range_ratio, cfg.num_prompts)
+    output_lens = sample_lengths(rng, cfg.random_output_len, cfg.random_range_ratio, cfg.num_prompts)
+    prompts = copy_heavy_prompts(tokenizer, rng, input_lens.tolist())
+    return [BenchRequest(text, num_tokens, output_len)
+            for (text, num_tokens), output_len in zip(prompts, output_lens.tolist(), strict=True)]
 
 
 def build_shared_prefix(
