@@ -82,6 +82,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 def _add_dataset_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--dataset-name", default="random", choices=DATASET_NAMES,
                    help="random: random words of the given lengths; shared-prefix: groups sharing a long prompt; "
+                        "copy-heavy: 'fix this function' prompts whose answers repeat the prompt (random lengths); "
                         "sharegpt / custom: prompts read from --dataset-path")
     g.add_argument("--dataset-path", default=None, help="sharegpt JSON/JSONL or custom JSONL file")
     g.add_argument("--num-prompts", type=int, default=200, help="requests per load point")

@@ -7,13 +7,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from benchmarks.copy_heavy import copy_heavy_prompts
 from benchmarks.prompts import TokenPool, exact_text, random_text
 from benchmarks.tokenizer import BenchTokenizer
 
-DATASET_NAMES = ("random", "shared-prefix", "sharegpt", "custom")
+DATASET_NAMES = ("random", "shared-prefix", "copy-heavy", "sharegpt", "custom")
 # Made-up prompts: a model's answer to them may end at once (EOS), so the bench suppresses EOS for these by
 # default, to measure the lengths asked for (--no-ignore-eos lets answers stop where the model ends them).
-SYNTHETIC_DATASETS = ("random", "shared-prefix")
+SYNTHETIC_DATASETS = ("random", "shared-prefix", "copy-heavy")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ def build_random(
         text, num_tokens = exact_text(tokenizer, pool, rng, ids, cfg.random_prefix_len + input_len)
         requests.append(BenchRequest(text, num_tokens, output_len))
     return requests
+
+
+def build_copy_heavy(
+    cfg: DatasetConfig, tokenizer: BenchTokenizer, pool: TokenPool, rng: np.random.Generator
+) -> list[BenchRequest]:
+    """Lengths as for random (--random-input-len / --random-output-len / --random-range-ratio)."""
+    input_lens = sample_lengths(rng, cfg.random_input_len, cfg.random_range_ratio, cfg.num_prompts)
+    output_lens = sample_lengths(rng, cfg.random_output_len, cfg.random_range_ratio, cfg.num_prompts)
+    prompts = copy_heavy_prompts(tokenizer, rng, input_lens.tolist())
+    return [BenchRequest(text, num_tokens, output_len)
+            for (text, num_tokens), output_len in zip(prompts, output_lens.tolist(), strict=True)]
 
 
 def build_shared_prefix(

@@ -40,6 +40,9 @@ class StepInput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)  # req_id -> tokens computed this step
     finished_req_ids: list[str] = field(default_factory=list)  # finished, aborted or preempted: drop the mirror
     incarnation_id: str = ""  # the worker incarnation the block ids belong to; another one applies nothing
+    # speculative decoding: req_id -> draft tokens appended after its last known token; such a request is
+    # scheduled for 1 + len(drafts) tokens and its output holds 1 + (accepted drafts) tokens
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -72,7 +75,8 @@ class FailedRequest:
 
 @dataclass
 class StepOutput:
-    """Sampled tokens for the requests that reached the end of their known tokens this step."""
+    """Sampled tokens for the requests that reached the end of their known tokens this step. A request that
+    carried drafts appears once per token it produced (accepted drafts, then one sampled token), consecutively."""
 
     req_ids: list[str] = field(default_factory=list)
     sampled_token_ids: list[int] = field(default_factory=list)
@@ -82,6 +86,7 @@ class StepOutput:
     idle_time_ns: int = 0  # the worker's wait for this step since it finished its previous one (set by its server)
     incarnation_id: str = ""  # the worker's; another than the step's means it restarted and applied nothing
     failed: list[FailedRequest] = field(default_factory=list)  # dropped requests, none of them in req_ids
+    num_accepted_drafts: dict[str, int] = field(default_factory=dict)  # req_id -> its drafts accepted, if it had any
 
 
 @dataclass(frozen=True)

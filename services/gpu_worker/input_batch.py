@@ -3,6 +3,8 @@
 Region map of the flattened batch (decodes first, then prefill chunks):
     rows  [0, num_decodes)                   one token each, the request's newest position
     rows  [num_decodes, T)                   chunk i covers positions [computed_i, computed_i + scheduled_i)
+A request with draft tokens (speculative decoding) is a chunk over its last known token and its drafts; it keeps
+the logits of all those rows (each verifies the next draft), the others only of their last row.
 """
 
 from __future__ import annotations
@@ -24,9 +26,13 @@ class ModelInput:
     requests: list[RequestState]  # batch order
     num_scheduled: list[int]  # parallel to requests
     sample_indices: list[int]  # indices into `requests` of those that sample a token this step
-    logits_rows: KeptRows  # the row of each sampling request's last token
+    logits_rows: KeptRows  # the row of each sampling request's last token (and of its drafts' rows before it)
     feed_rows: list[int]  # rows whose token is on the device only (RequestState.pending) ...
     feed_sources: list[int]  # ... and its row in the sampled ids of the step that made it
+
+    @property
+    def has_drafts(self) -> bool:
+        return any(self.requests[i].draft_token_ids for i in self.sample_indices)
 
 
 def order_decodes_first(requests: list[RequestState], num_scheduled: list[int]) -> list[int]:
@@ -45,8 +51,9 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     feed_rows: list[int] = []
     feed_sources: list[int] = []
     for r, start, n in zip(requests, starts, num_scheduled, strict=True):
-        token_ids.extend(r.token_ids[start: start + n])
-        if start + n > len(r.token_ids):  # the newest token is still on the device: a placeholder, fed by index
+        known = r.token_ids + r.draft_token_ids if r.draft_token_ids else r.token_ids  # drafts follow the known
+        token_ids.extend(known[start: start + n])
+        if start + n > len(known):  # the newest token is still on the device: a placeholder, fed by index
             feed_rows.append(len(token_ids))
             feed_sources.append(r.fed_row(previous_step))
             token_ids.append(0)
@@ -66,7 +73,7 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     slot_mapping = block_tables[request_of_row, positions // block_size].long() * block_size + positions % block_size
 
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
-                      if s + n == r.num_tokens]
+                      if s + n == r.num_tokens + len(r.draft_token_ids)]
     num_decodes = sum(1 for n in num_scheduled if n == 1)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
@@ -86,8 +93,21 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
         requests=requests,
         num_scheduled=num_scheduled,
         sample_indices=sample_indices,
-        logits_rows=KeptRows((query_start_loc[1:][sample_indices] - 1).to(device),
-                             StepRows(len(sample_indices), sum(1 for i in sample_indices if i < num_decodes))),
+        logits_rows=_logits_rows(requests, sample_indices, query_start_loc, num_decodes, device),
         feed_rows=feed_rows,
         feed_sources=feed_sources,
     )
+
+
+def _logits_rows(requests: list[RequestState], sample_indices: list[int], query_start_loc: torch.Tensor,
+                 num_decodes: int, device: torch.device) -> KeptRows:
+    """Each sampling request's last row, preceded by one row per draft token it carries."""
+    num_sampling_decodes = sum(1 for i in sample_indices if i < num_decodes)
+    last_rows = query_start_loc[1:][sample_indices] - 1
+    if not any(requests[i].draft_token_ids for i in sample_indices):
+        return KeptRows(last_rows.to(device), StepRows(len(sample_indices), num_sampling_decodes))
+    num_drafts = torch.tensor([len(requests[i].draft_token_ids) for i in sample_indices], dtype=torch.long)
+    counts = num_drafts + 1
+    firsts = torch.repeat_interleave(last_rows - num_drafts, counts)
+    offsets = torch.arange(int(counts.sum())) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return KeptRows((firsts + offsets).to(device), StepRows(int(counts.sum()), num_sampling_decodes))

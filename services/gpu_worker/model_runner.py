@@ -29,6 +29,7 @@ from services.gpu_worker.platforms import platform_for
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from services.gpu_worker.spec_decode.verify_step import verify_step
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
 
@@ -114,7 +115,9 @@ class ModelRunner:
             pending = self._sample_deferred(sampling, logits) if self.defer_outputs else None
             if pending is None:
                 self._resolve_deferred(before=self._serial)  # appends in step order
-                pending = PendingOutput.done(self._serial, self._sample(sampling, logits))
+                output = self._sample(sampling, logits) if not any(r.draft_token_ids for r in sampling) else \
+                    verify_step(sampling, logits, self._sample, self.model_config.vocab_size, self.kv_cache.block_size)
+                pending = PendingOutput.done(self._serial, output)
             sample_ns = time.perf_counter_ns() - sample_start_ns
         for request, n in zip(requests, num_scheduled, strict=True):
             request.num_computed_tokens += n
@@ -213,5 +216,5 @@ class ModelRunner:
 def _plain(request: RequestState) -> bool:
     """Its sampling reads nothing from the host mirror's outputs (so it may run before they are back)."""
     p = request.sampling
-    return (request.grammar is None and not p.has_penalties and p.logprobs is None
+    return (request.grammar is None and not request.draft_token_ids and not p.has_penalties and p.logprobs is None
             and (p.seed is None or p.greedy) and len(request.output_token_ids) >= p.min_tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared.sampling_params import SamplingParams
@@ -26,6 +26,8 @@ class RequestState:
     # token_ids[len(token_ids)], and a step that computes it takes it from that step's sampled ids by index
     pending: tuple[int, int] | None = None
     dropped: bool = False  # failed in the worker: outputs of steps still in flight for it are not reported
+    # this step's draft tokens (speculative decoding): computed after token_ids, verified, then cleared
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

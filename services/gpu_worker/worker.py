@@ -15,6 +15,7 @@ from services.gpu_worker.model_runner import ModelRunner
 from services.gpu_worker.pending_output import PendingOutput
 from services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
 from services.gpu_worker.request_state import RequestState
+from services.gpu_worker.spec_decode.drafts import attach_drafts
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.step_protocol import FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 from shared.structured_output import StructuredOutput
@@ -61,6 +62,7 @@ class Worker:
         for req_id in step.finished_req_ids:
             self.requests.pop(req_id, None)
         failed = self._apply_deltas(step)
+        failed |= attach_drafts(step, self.requests)
         scheduled = {req_id: n for req_id, n in step.num_scheduled_tokens.items() if req_id not in failed}
         for req_id in [r for r in scheduled if r not in self.requests]:
             failed[req_id] = FailedRequest(req_id, "scheduled but unknown to the worker", invalid_argument=False)

@@ -25,6 +25,8 @@ def step_input_to_pb(step: StepInput, step_id: int = 0, traceparents: Mapping[st
         scheduled_req_ids=list(step.num_scheduled_tokens),
         num_scheduled_tokens=list(step.num_scheduled_tokens.values()),
         finished_req_ids=step.finished_req_ids,
+        draft_tokens=[worker_pb2.DraftTokens(req_id=req_id, token_ids=drafts)
+                      for req_id, drafts in step.draft_token_ids.items()],
         step_id=step_id, incarnation_id=step.incarnation_id, traceparent=step_traceparent)
 
 
@@ -38,7 +40,8 @@ def step_input_from_pb(pb: worker_pb2.StepRequest) -> StepInput:
                                        num_computed_tokens=r.num_computed_tokens) for r in pb.cached_requests],
         num_scheduled_tokens=dict(zip(pb.scheduled_req_ids, pb.num_scheduled_tokens, strict=True)),
         finished_req_ids=list(pb.finished_req_ids),
-        incarnation_id=pb.incarnation_id)
+        incarnation_id=pb.incarnation_id,
+        draft_token_ids={d.req_id: list(d.token_ids) for d in pb.draft_tokens})
 
 
 def traceparents_from_pb(pb: worker_pb2.StepRequest) -> dict[str, str]:
@@ -56,7 +59,9 @@ def step_output_to_pb(output: StepOutput) -> worker_pb2.StepReply:
               for f in output.failed]
     return worker_pb2.StepReply(sampled=sampled, forward_time_ns=output.forward_time_ns,
                                 sample_time_ns=output.sample_time_ns, idle_time_ns=output.idle_time_ns,
-                                incarnation_id=output.incarnation_id, failed=failed)
+                                incarnation_id=output.incarnation_id, failed=failed,
+                                accepted_drafts=[worker_pb2.AcceptedDrafts(req_id=req_id, num_accepted=n)
+                                                 for req_id, n in output.num_accepted_drafts.items()])
 
 
 def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
@@ -66,4 +71,5 @@ def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
         logprobs=[logprobs_from_pb(s.logprobs) if s.HasField("logprobs") else None for s in pb.sampled],
         forward_time_ns=pb.forward_time_ns, sample_time_ns=pb.sample_time_ns, idle_time_ns=pb.idle_time_ns,
         incarnation_id=pb.incarnation_id,
-        failed=[FailedRequest(f.req_id, f.message, f.invalid_argument) for f in pb.failed])
+        failed=[FailedRequest(f.req_id, f.message, f.invalid_argument) for f in pb.failed],
+        num_accepted_drafts={a.req_id: a.num_accepted for a in pb.accepted_drafts})

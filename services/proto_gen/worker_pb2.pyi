@@ -48,7 +48,7 @@ class CachedRequest(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id", "incarnation_id", "traceparent")
+    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id", "incarnation_id", "traceparent", "draft_tokens")
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class StepRequest(_message.Message):
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
     scheduled_req_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -65,7 +66,24 @@ class StepRequest(_message.Message):
     step_id: int
     incarnation_id: str
     traceparent: str
-    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., traceparent: _Optional[str] = ...) -> None: ...
+    draft_tokens: _containers.RepeatedCompositeFieldContainer[DraftTokens]
+    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., draft_tokens: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ...) -> None: ...
+
+class DraftTokens(_message.Message):
+    __slots__ = ("req_id", "token_ids")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, req_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AcceptedDrafts(_message.Message):
+    __slots__ = ("req_id", "num_accepted")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    num_accepted: int
+    def __init__(self, req_id: _Optional[str] = ..., num_accepted: _Optional[int] = ...) -> None: ...
 
 class SampledToken(_message.Message):
     __slots__ = ("req_id", "token_id", "logprobs")
@@ -88,17 +106,19 @@ class FailedRequest(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., message: _Optional[str] = ..., invalid_argument: _Optional[bool] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns", "incarnation_id", "failed")
+    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns", "incarnation_id", "failed", "accepted_drafts")
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     IDLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     forward_time_ns: int
     sample_time_ns: int
     idle_time_ns: int
     incarnation_id: str
     failed: _containers.RepeatedCompositeFieldContainer[FailedRequest]
-    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[FailedRequest, _Mapping]]] = ...) -> None: ...
+    accepted_drafts: _containers.RepeatedCompositeFieldContainer[AcceptedDrafts]
+    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[FailedRequest, _Mapping]]] = ..., accepted_drafts: _Optional[_Iterable[_Union[AcceptedDrafts, _Mapping]]] = ...) -> None: ...

@@ -106,6 +106,16 @@ class KVCacheManager:
         self.num_cached_of[request.req_id] = max(num_full, self.num_cached_of.get(request.req_id, 0))
         self.in_flight.advance(request.req_id, num_full)
 
+    def free_tail(self, request: Request, num_tokens: int) -> None:
+        """Release the request's blocks past those its first `num_tokens` tokens need (a rejected draft tail: never
+        indexed, as indexing covers only accepted tokens)."""
+        blocks = self.blocks_of.get(request.req_id, [])
+        keep = self.blocks_needed(num_tokens)
+        if len(blocks) > keep:
+            tail = blocks[keep:]
+            del blocks[keep:]
+            self.pool.release(list(reversed(tail)))
+
     def free(self, request: Request) -> None:
         """Release all blocks of the request; its last blocks go first in the eviction order."""
         blocks = self.blocks_of.pop(request.req_id, [])

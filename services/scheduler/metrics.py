@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 
+from services.scheduler.spec_decode.metrics import SpecDecodeCollector, SpecSource
 from services.scheduler.stats_collector import StatsCollector
 from shared.scheduler_stats import SchedulerStats
 
@@ -25,10 +26,13 @@ TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 
 class SchedulerMetrics:
     """The registry one scheduler process exposes. `stats_source` gives (snapshot, model name) or None."""
 
-    def __init__(self, stats_source: Callable[[], tuple[SchedulerStats, str] | None]) -> None:
+    def __init__(self, stats_source: Callable[[], tuple[SchedulerStats, str] | None],
+                 spec_source: SpecSource | None = None) -> None:
         disable_created_metrics()  # no *_created samples: they double the output and nobody here reads them
         self.registry = CollectorRegistry()
         self.registry.register(StatsCollector(stats_source))
+        if spec_source is not None:
+            self.registry.register(SpecDecodeCollector(spec_source))
 
         def histogram(name: str, documentation: str, buckets: tuple) -> Histogram:
             return Histogram(name, documentation, ["model_name"], buckets=buckets, registry=self.registry)

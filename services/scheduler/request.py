@@ -30,6 +30,7 @@ class Request:
     # tokens the worker samples in steps already sent whose outputs have not come back (async scheduling): they
     # are not in token_ids yet, but the worker mirrors them and the next step may compute them
     num_placeholders: int = 0
+    num_drafts_in_flight: int = 0  # draft tokens of its step in flight: not scheduled again until they are settled
     num_cached_tokens: int | None = None  # prompt tokens served by the prefix cache at first admission
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0

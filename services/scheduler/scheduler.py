@@ -32,6 +32,8 @@ from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.scheduler_counters import SchedulerCounters
+from services.scheduler.spec_decode.config import SpeculativeConfig
+from services.scheduler.spec_decode.planner import DraftPlanner
 from services.scheduler.stop_checker import check_stop
 from services.scheduler.waiting_queue import WaitingQueue
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
@@ -64,6 +66,8 @@ class Scheduler:
         self.running: list[Request] = []  # by priority, then admission order
         self.finished_req_ids: list[str] = []  # to drop from the worker with the next step
         self.counters = SchedulerCounters()
+        speculative = SpeculativeConfig.from_json(config.speculative_config)
+        self.drafts = DraftPlanner(speculative, description.max_model_len) if speculative else None
 
     # --- requests in and out -------------------------------------------------------------------------------
 
@@ -134,16 +138,19 @@ class Scheduler:
         for_slots = self._preempt_for_urgent()
         preempted: list[Request] = []  # for KV blocks
         index = 0
+        speculate = self.drafts is not None and self.drafts.enabled_for(len(self.running))
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if self._reached_limit(request):
+            if self._reached_limit(request) or request.num_drafts_in_flight or (
+                    speculate and self.drafts.holds_back(request)):
                 index += 1
-                continue  # the steps in flight take it to its length limit: it finishes when their outputs come
+                continue  # the steps in flight take it to its length limit, or it waits for them to draft after
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
+            drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else []
             if not self._allocate_or_preempt(request, num_new, index, preempted):
                 continue  # the request preempted itself: the one after it is at `index` now
-            self._schedule(request, num_new, scheduled)
-            budget -= num_new
+            self._schedule(request, num_new, scheduled, drafts)
+            budget -= num_new + len(drafts)
             index += 1
         for request in itertools.chain(for_slots, preempted):
             if request.on_worker:
@@ -181,6 +188,13 @@ class Scheduler:
         then the newest (the last in running of those)."""
         running, share = self.running, self.fair_share.share
         return max(range(start, len(running)), key=lambda i: (running[i].priority, share(running[i].tenant), i))
+
+    def _drafts(self, request: Request, budget_left: int) -> list[int]:
+        """A decode's draft tokens, their KV slots reserved; none when the pool has no room for them."""
+        drafts = self.drafts.drafts(request, budget_left)
+        if drafts and self.kv.allocate_slots(request, 1 + len(drafts)) is None:
+            return []
+        return drafts
 
     def _reached_limit(self, request: Request) -> bool:
         """Whether the tokens being sampled in steps in flight already end the request by length."""
@@ -255,9 +269,12 @@ class Scheduler:
         # after every running request of its priority or a more urgent one
         self.running.insert(bisect.bisect_right(self.running, request.priority, key=lambda r: r.priority), request)
 
-    def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput) -> None:
+    def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput,
+                  drafts: list[int] | None = None) -> None:
         """Add the request to the step, as a new mirror or as the delta since its last step, and count the step's
-        tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then)."""
+        tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then).
+        Draft tokens are computed after the last known one; until the output settles them (DraftPlanner.settle)
+        they count as computed and the step holds one placeholder."""
         step = scheduled.step_input
         block_ids = self.kv.block_ids(request.req_id)
         if request.on_worker:
@@ -275,6 +292,11 @@ class Scheduler:
         self.fair_share.charge(request.tenant, num_new, request.tenant_weight)
         if request.num_computed_tokens == request.num_tokens_ahead:
             request.num_placeholders += 1
+        if drafts:
+            step.draft_token_ids[request.req_id] = drafts
+            step.num_scheduled_tokens[request.req_id] += len(drafts)
+            request.num_computed_tokens += len(drafts)
+            request.num_drafts_in_flight = len(drafts)
 
     # --- after the worker ran the step ---------------------------------------------------------------------
 
@@ -284,14 +306,18 @@ class Scheduler:
         ERROR (its output carries the error), its blocks freed and none of this step's indexed."""
         outputs = [self._fail(scheduled.requests[failure.req_id], failure) for failure in output.failed
                    if self._live(scheduled, failure.req_id)]
+        for req_id, num_accepted in output.num_accepted_drafts.items():
+            if self._live(scheduled, req_id):
+                self.drafts.settle(scheduled.requests[req_id], num_accepted, self.kv)
         for request in scheduled.requests.values():
             if request.status is RequestStatus.RUNNING and self.requests.get(request.req_id) is request:
                 self.kv.cache_full_blocks(request)
+        emitted: dict[str, tuple[Request, list]] = {}  # one output per request, with every token it took this step
         for req_id, token_id, logprobs in zip(output.req_ids, output.sampled_token_ids, output.logprobs,
                                               strict=True):
             request = scheduled.requests.get(req_id)
             if request is None or self.requests.get(req_id) is not request:
-                continue  # finished or aborted since the step was scheduled: its token is dropped
+                continue  # finished or aborted since the step was scheduled (or by an earlier token of this step)
             assert request.num_placeholders > 0, f"request {req_id} sampled a token no step was due to sample"
             request.num_placeholders -= 1
             request.token_ids.append(token_id)
@@ -299,7 +325,8 @@ class Scheduler:
             reason = check_stop(request, token_id, self.description.eos_token_ids, self.description.max_model_len)
             if reason is not None:
                 self._finish(request, reason)
-            outputs.append(self._output(request, [logprobs]))
+            emitted.setdefault(req_id, (request, []))[1].append(logprobs)
+        outputs.extend(self._output(request, logprobs) for request, logprobs in emitted.values())
         return outputs
 
     def _live(self, scheduled: SchedulerOutput, req_id: str) -> bool:

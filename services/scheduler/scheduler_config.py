@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from services.scheduler.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,10 @@ class SchedulerConfig:
     # step instead of leaving a short tail for the next: its first token comes a whole step earlier, and a step
     # may hold budget + slack tokens.
     prefill_finish_slack: int | None = None  # tokens a step may pass its budget by to finish a prompt (None: 1/8)
+    speculative_config: str = field(default="", metadata={"help": (
+        'speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 8}\' (empty: off; '
+        'docs/speculative_decoding.md)')})
 
     @property
     def finish_slack(self) -> int:
@@ -28,3 +34,4 @@ class SchedulerConfig:
             raise ValueError("prefill_finish_slack must be >= 0")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        SpeculativeConfig.from_json(self.speculative_config)  # refuses a bad one at start

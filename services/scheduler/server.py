@@ -102,6 +102,14 @@ def _stats_source(servicer: SchedulerServicer):
     return None if engine is None else (servicer.snapshot(engine), engine.scheduler.description.model_name)
 
 
+def _spec_source(servicer: SchedulerServicer):
+    """(speculative decoding counters, model name) while the live scheduler speculates, else None."""
+    engine = servicer.engine
+    if engine is None or engine.scheduler.drafts is None:
+        return None
+    return engine.scheduler.drafts.counters, engine.scheduler.description.model_name
+
+
 def instance_id_of(config: SchedulerServiceConfig) -> str:
     """--instance-id, else hostname-port (unique per host; a StatefulSet pod's hostname is stable)."""
     return config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
@@ -118,7 +126,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     address = f"{config.scheduler_host}:{config.scheduler_port}"
     bind_grpc_port(server, config.scheduler_host, config.scheduler_port, "the scheduler's gRPC server",
                    "--scheduler-port")
-    metrics = SchedulerMetrics(lambda: _stats_source(servicer))
+    metrics = SchedulerMetrics(lambda: _stats_source(servicer), lambda: _spec_source(servicer))
     metrics_runner = None
     if config.metrics_port:
         try:

@@ -154,3 +154,13 @@ def test_custom_keeps_file_order_and_default_output_len(tokenizer, tmp_path):
 def test_dataset_config_rejects_bad_flags(kwargs):
     with pytest.raises(ValueError):
         DatasetConfig(**({"num_prompts": 1} | kwargs))
+
+
+def test_copy_heavy_prompts_hold_the_code_their_answer_repeats(tokenizer):
+    cfg = DatasetConfig("copy-heavy", num_prompts=6, random_input_len=300, random_output_len=200)
+    requests = build_dataset(cfg, tokenizer, seed=3)
+    assert len({r.prompt for r in requests}) == 6 and all(r.num_output_tokens == 200 for r in requests)
+    for request in requests:
+        assert "```python\ndef update_" in request.prompt and "BUG: off by one" in request.prompt
+        assert 150 < request.num_prompt_tokens < 600
+    assert [r.prompt for r in build_dataset(cfg, tokenizer, seed=3)] == [r.prompt for r in requests]

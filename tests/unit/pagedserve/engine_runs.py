@@ -22,6 +22,7 @@ class Run:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     reasons: dict[str, FinishReason] = field(default_factory=dict)
     num_preemptions: int = 0
+    scheduler: Scheduler | None = None  # the run's scheduler, for its counters
 
 
 def exact_worker(model_dir: Path) -> Worker:
@@ -33,10 +34,11 @@ def exact_worker(model_dir: Path) -> Worker:
 
 
 def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool, num_blocks: int | None = None,
-        aborts: dict[int, int] | None = None) -> Run:
+        aborts: dict[int, int] | None = None, speculative_config: str = "") -> Run:
     """Every request to its end (`aborts`: request index -> the engine step that aborts it); then no mirror or
     matcher is left on the worker and every KV block is free."""
-    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256), async_scheduling)
+    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256, speculative_config=speculative_config),
+                       async_scheduling)
     if num_blocks is not None:  # the scheduler hands out only the first num_blocks of the worker's pool
         engine.scheduler = Scheduler(engine.scheduler.config, replace(engine.description, num_kv_blocks=num_blocks))
     result = Run()
@@ -60,4 +62,5 @@ def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool,
     engine.scheduler.kv.check_integrity()
     assert engine.scheduler.kv.usage == 0.0
     result.num_preemptions = engine.scheduler.snapshot_stats().num_preemptions
+    result.scheduler = engine.scheduler
     return result

@@ -1,0 +1,65 @@
+"""Which requests speculate in a step, with which drafts, and what a verified step leaves behind.
+
+Contract with the Scheduler (scheduler.py calls these from its decode loop and from update_from_output):
+- A request speculates only as a plain decode (one known token left to compute), with no step in flight for it
+  and no grammar (structured outputs would need their matcher rolled back on the worker: not done, so exact by
+  never drafting for them). Drafts are capped so that even if all are accepted plus the bonus token the request
+  passes neither `max_tokens` nor the context limit, and by what is left of the step's token budget.
+- While its drafted step is in flight the request is not scheduled again (async scheduling: the next step cannot
+  know how many tokens it accepts; steps for other requests still overlap). A request whose plain step is in
+  flight cannot draft either (its last token is unknown): it sits out the next step when its context's tail
+  recurs (`holds_back`: it is copying, drafts are likely), else it keeps the usual placeholder pipelining.
+- `settle` runs first when the step's output comes back: the request rolls back its computed tokens past the
+  accepted drafts and frees the blocks the rejected tail held (the worker applies the same rule to its mirror), so
+  prefix-cache hashes, which cover only `token_ids`, only ever see accepted tokens.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.spec_decode.config import SpeculativeConfig
+from services.scheduler.spec_decode.counters import SpecDecodeCounters
+from services.scheduler.spec_decode.ngram_proposer import NgramProposer
+
+
+class DraftPlanner:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.counters = SpecDecodeCounters()
+
+    def enabled_for(self, num_running: int) -> bool:
+        """Speculation is off for a step while the batch is this large (it would cost compute the batch needs)."""
+        limit = self.config.disable_by_batch_size
+        return limit == 0 or num_running < limit
+
+    def drafts(self, request: Request, budget_left: int) -> list[int]:
+        """Draft tokens for a request about to be scheduled as a one-token decode (empty: no speculation)."""
+        if request.num_placeholders or request.sampling.structured_output is not None:
+            return []
+        cap = min(self.config.num_speculative_tokens, budget_left,
+                  request.sampling.max_tokens - request.num_output_tokens - 1,
+                  self.max_model_len - request.num_tokens - 1)
+        return self.proposer.propose(request.token_ids, cap)
+
+    def holds_back(self, request: Request) -> bool:
+        """Whether to keep a request with a plain step in flight out of the next step, so that the step after can
+        draft from the token that one samples: only when its known context's tail recurs (it is copying). Else it
+        keeps pipelining plain decodes."""
+        return (request.num_placeholders > 0 and request.sampling.structured_output is None
+                and bool(self.proposer.propose(request.token_ids, 1)))
+
+    def settle(self, request: Request, num_accepted: int, kv: KVCacheManager) -> None:
+        """Apply a verified step's acceptance: the step samples `num_accepted` + 1 tokens (placeholders for them);
+        a running request keeps its KV only up to the last accepted draft and gives back the rejected tail's blocks."""
+        num_drafts = request.num_drafts_in_flight
+        assert 0 <= num_accepted <= num_drafts, f"request {request.req_id}: {num_accepted} of {num_drafts} accepted"
+        self.counters.record(num_drafts, num_accepted)
+        request.num_drafts_in_flight = 0
+        request.num_placeholders += num_accepted
+        if request.status is RequestStatus.RUNNING:
+            request.num_computed_tokens -= num_drafts - num_accepted
+            kv.free_tail(request, request.num_computed_tokens)
+            request.num_blocks_on_worker = len(kv.block_ids(request.req_id))
