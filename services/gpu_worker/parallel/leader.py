@@ -70,10 +70,13 @@ class TensorParallelLeader(Worker):
                 self._lock.release()
 
     def _watch_followers(self) -> None:
-        wait([p.sentinel for p in self.followers])
+        ended = wait([p.sentinel for p in self.followers])
         if self._closing.is_set():
             return
-        dead = ", ".join(f"{p.name} (exit {p.exitcode})" for p in self.followers if p.exitcode is not None)
+        gone = [p for p in self.followers if p.sentinel in ended]
+        for p in gone:
+            p.join(1.0)  # reap it, for its exit code
+        dead = ", ".join(f"{p.name} (exit {p.exitcode})" for p in gone)
         log.critical("tensor-parallel rank gone: %s; the worker exits (a half group cannot serve)", dead)
         for p in self.followers:
             if p.is_alive():
