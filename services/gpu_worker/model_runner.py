@@ -24,8 +24,12 @@ from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
 from services.gpu_worker.loader import load_model
 from services.gpu_worker.model_config import dtype_name, load_model_config
+from services.gpu_worker.parallel.rank_budget import rank_kv_budget_bytes
+from services.gpu_worker.parallel.shard_plan import ShardPlan
+from services.gpu_worker.parallel.sharded_loader import load_sharded_model
 from services.gpu_worker.pending_output import PendingOutput
 from services.gpu_worker.platforms import platform_for
+from services.gpu_worker.platforms.platform import Platform
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
@@ -36,12 +40,17 @@ from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, To
 if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
     from services.gpu_worker.grammar import RequestGrammar
     from services.gpu_worker.grammar_mask import GrammarMask
+    from services.gpu_worker.parallel.group import TensorParallelGroup
 
 log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(self, config: WorkerConfig) -> None:
+    """`tp`: this rank's tensor-parallel group (None: the whole model here). Under tensor parallelism the model,
+    attention and KV pool hold this rank's heads (the same block ids on every rank), logits exist on rank 0 alone
+    (the others skip sampling) and steps run eagerly with their outputs on the host at launch."""
+
+    def __init__(self, config: WorkerConfig, tp: TensorParallelGroup | None = None) -> None:
         self.config = config
         self.platform = platform_for(config)
         self.device = self.platform.device
@@ -51,23 +60,33 @@ class ModelRunner:
         self.model_config = mc
         self.max_model_len = config.max_model_len or mc.max_position_embeddings
         kv_dtype = self.platform.kv_cache_dtype(config.kv_cache_dtype, mc.dtype)
-        shape = AttentionShape(mc.num_heads, mc.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5, mc.sliding_window)
+        plan = None if tp is None else ShardPlan.for_rank(mc, tp.rank, tp.world_size)
+        local = mc if plan is None else plan.local_config  # this rank's heads
+        shape = AttentionShape(local.num_heads, local.num_kv_heads, mc.head_dim, mc.head_dim ** -0.5,
+                               mc.sliding_window)
         self.backend = self.platform.attention_backend(config.attention_backend, shape, mc.dtype, kv_dtype,
                                                        config.block_size)
-        self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform,
-                                config.load_format)
+        if plan is None:
+            self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform,
+                                    config.load_format)
+        else:
+            self.model = load_sharded_model(config.model_dir, plan, tp, self.backend, self.max_model_len,
+                                            self.platform, config.load_format)
         self.eos_token_ids = eos_token_ids(config.model_dir)
-        num_blocks = num_blocks_for_budget(mc, self.platform.kv_cache_budget_bytes(config), config.block_size,
+        num_blocks = num_blocks_for_budget(local, rank_kv_budget_bytes(self.platform, config, tp), config.block_size,
                                            kv_dtype)
-        self.kv_cache = KVCache.allocate(mc, num_blocks, config.block_size, self.device, kv_dtype)
-        self.forward = self.platform.model_forward(self.model, self.backend, self.kv_cache)
+        self.kv_cache = KVCache.allocate(local, num_blocks, config.block_size, self.device, kv_dtype)
+        if tp is None:
+            self.forward = self.platform.model_forward(self.model, self.backend, self.kv_cache)
+        else:  # the layer by layer forward, whose row-parallel linears all-reduce (no one-call C decode)
+            self.forward = Platform.model_forward(self.platform, self.model, self.backend, self.kv_cache)
         log.info("KV cache: %d blocks of %d tokens in %s (%.0f MiB); model in %s", self.kv_cache.num_blocks,
                  config.block_size, dtype_name(kv_dtype), self.kv_cache.num_bytes / 2**20, dtype_name(mc.dtype))
-        self.defer_outputs = self.device.type == "cuda"  # sampled ids stay on the device between steps
+        self.defer_outputs = self.device.type == "cuda" and tp is None  # sampled ids stay on the device
         self.graphs: DecodeGraphs | None = None
         self._serial = 0  # of the last step launched
         self._deferred: list[PendingOutput] = []  # launched steps whose ids may still be on the device only
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if self.device.type == "cuda" and not config.enforce_eager and tp is None:
             if self.backend.name == "triton":
                 self.enable_graphs(CudaGraphBackend(self.device))
             else:
@@ -110,7 +129,7 @@ class ModelRunner:
             self._resolve_deferred(before=self._serial)  # their sampling rows read outputs from the host
         logits, sampling = self._logits(requests, num_scheduled, previous)
         pending, sample_ns = PendingOutput.done(self._serial, StepOutput()), 0
-        if sampling:
+        if sampling and logits is not None:  # None: a tensor-parallel rank other than 0
             sample_start_ns = time.perf_counter_ns()
             pending = self._sample_deferred(sampling, logits) if self.defer_outputs else None
             if pending is None:

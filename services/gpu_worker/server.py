@@ -63,9 +63,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     def load(self, config: WorkerConfig) -> None:
         """Build the Worker on the model thread, where its steps will run too."""
-        from services.gpu_worker.worker import Worker
+        from services.gpu_worker.parallel.launch import build_worker
 
-        self.worker = self._model_thread.submit(Worker, config).result()
+        self.worker = self._model_thread.submit(build_worker, config).result()
 
     def _ready(self) -> Worker:
         if self.worker is None:

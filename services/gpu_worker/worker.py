@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from services.gpu_worker.model_runner import ModelRunner
 from services.gpu_worker.pending_output import PendingOutput
@@ -21,12 +21,15 @@ from shared.step_protocol import FailedRequest, ModelDescription, NewRequest, St
 from shared.structured_output import StructuredOutput
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar
+    from services.gpu_worker.parallel.group import TensorParallelGroup
     from shared.grammar_cache import GrammarCache
 
 
 class Worker:
-    def __init__(self, config: WorkerConfig) -> None:
-        self.runner = ModelRunner(config)
+    """`tp`: this rank's tensor-parallel group (None: one device); parallel/leader.py and follower.py extend it."""
+
+    def __init__(self, config: WorkerConfig, tp: TensorParallelGroup | None = None) -> None:
+        self.runner = ModelRunner(config, tp)
         self.requests: dict[str, RequestState] = {}
         self.incarnation_id = uuid.uuid4().hex  # new on every start: the KV pool starts empty
         description = self.runner.describe()
@@ -67,10 +70,14 @@ class Worker:
         for req_id in [r for r in scheduled if r not in self.requests]:
             failed[req_id] = FailedRequest(req_id, "scheduled but unknown to the worker", invalid_argument=False)
             del scheduled[req_id]
+        self._before_run(step, failed, scheduled)
         pending = None
         if scheduled:
             pending = self.runner.launch([self.requests[r] for r in scheduled], list(scheduled.values()))
         return PendingStep(self, pending, StepOutput(), list(failed.values()))
+
+    def _before_run(self, step: StepInput, failed: dict[str, Any], scheduled: dict[str, int]) -> None:
+        """Called with the step's deltas applied, before its forward (the tensor-parallel leader broadcasts here)."""
 
     def _apply_deltas(self, step: StepInput) -> dict[str, FailedRequest]:
         """Mirror new requests and extend cached ones; those that fail a check are dropped and returned."""

@@ -34,6 +34,11 @@ class WorkerConfig:
     enforce_eager: bool = False  # CUDA: never capture decode graphs (vLLM's --enforce-eager)
     cuda_graph_sizes: str = ""  # CUDA: padded decode sizes to capture, comma-separated ("": 1,2,4,8,...,256)
     max_num_seqs: int = 64  # running requests at most (the scheduler's limit; no decode graph past it)
+    tensor_parallel_size: int = field(default=1, metadata={  # vLLM's name
+        "aliases": ("-tp",), "help": "ranks the model is split over (one process a device; on CPU the threads split)"})
+    distributed_timeout_s: float = 60.0  # tensor parallelism: a collective waiting longer fails the worker
 
     def __post_init__(self) -> None:
         check_choices(self)
+        if self.tensor_parallel_size < 1:
+            raise ValueError("--tensor-parallel-size must be at least 1")

@@ -1,0 +1,57 @@
+"""Load one rank's part of a Hugging Face safetensors model: each tensor is read through safe_open's get_slice, so
+a rank reads (and holds) only its slices, and fused into the rank's ParallelDecoderLM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import safe_open
+
+from services.gpu_worker.attention.backend import AttentionBackend
+from services.gpu_worker.checkpoint_keys import to_model_state
+from services.gpu_worker.dummy_weights import dummy_state
+from services.gpu_worker.model_config import UnsupportedModelError
+from services.gpu_worker.parallel.group import TensorParallelGroup
+from services.gpu_worker.parallel.layers import ParallelDecoderLM
+from services.gpu_worker.parallel.shard_plan import ShardPlan
+
+if TYPE_CHECKING:
+    from services.gpu_worker.platforms.platform import Platform
+
+
+def read_shard(model_dir: str | Path, plan: ShardPlan) -> dict[str, torch.Tensor]:
+    """This rank's slice of every tensor of every *.safetensors file in the folder."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise UnsupportedModelError(f"tensor parallelism loads safetensors checkpoints; none in {model_dir}")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                tensors[name] = plan.take(name, f.get_slice(name))
+    return tensors
+
+
+def load_sharded_model(model_dir: str | Path, plan: ShardPlan, group: TensorParallelGroup,
+                       backend: AttentionBackend, max_positions: int, platform: Platform,
+                       load_format: str = "auto") -> ParallelDecoderLM:
+    """This rank's part of the model on the platform's device, bound to the platform's kernels, its row-parallel
+    linears all-reduced; `load_format` "dummy": seeded random weights of the part's shape."""
+    local = plan.local_config
+    model = ParallelDecoderLM(plan, group, backend, max_positions)
+    if load_format == "dummy":
+        state = dummy_state(model, platform.device, seed=plan.rank)
+    else:
+        state = {k: v.to(device=platform.device, dtype=local.dtype)
+                 for k, v in to_model_state(read_shard(model_dir, plan), local).items()}
+    if local.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint does not match {local.architecture}: missing {missing}, unexpected {unexpected}")
+    model.rotary.to(platform.device)
+    platform.bind_layers(model)
+    model.reduce_row_parallel()
+    return model.eval()
