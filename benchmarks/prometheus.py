@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.client import HttpError, get
 
@@ -17,19 +18,17 @@ COUNTERS = {
     "num_preemptions": re.compile(r"(num_)?preemptions(_total)?$"),
 }
 GAUGES = {"kv_cache_usage": re.compile(r"(kv_cache_usage|gpu_cache_usage)(_ratio|_perc)?$")}
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 
 Samples = dict[str, list[float]]  # metric name -> one value per label set
 
 
 def parse_prometheus_text(text: str) -> Samples:
+    """Samples by their own names (`..._total`, `..._bucket`), in order. Raises ValueError on text that is not the
+    Prometheus text format."""
     samples: Samples = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None:  # comments, blank lines
-            continue
-        with contextlib.suppress(ValueError):
-            samples.setdefault(match.group(1), []).append(float(match.group(3)))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append(float(sample.value))
     return samples
 
 
@@ -63,7 +62,10 @@ async def scrape(client: aiohttp.ClientSession, url: str) -> Samples | None:
         return None
     if response.status != 200:
         return None
-    samples = parse_prometheus_text(response.text)
+    try:
+        samples = parse_prometheus_text(response.text)
+    except ValueError:
+        return None
     return samples or None
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from shared.sampling_bounds import NUMBER_RANGES
 from shared.structured_output import StructuredOutput
 
 # Widths of the wire fields (proto/pagedserve/v1/common.proto) these values travel in: a value past them cannot be
@@ -59,17 +59,17 @@ class SamplingParams:
             (self.min_tokens >= 0, "min_tokens", f"min_tokens must be non-negative, got {self.min_tokens}"),
             (self.min_tokens <= self.max_tokens, "min_tokens",
              f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
-            (0.0 <= self.temperature < math.inf, "temperature",
+            (NUMBER_RANGES["temperature"].contains(self.temperature), "temperature",
              f"temperature must be non-negative and finite, got {self.temperature}"),
-            (0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
+            (NUMBER_RANGES["top_p"].contains(self.top_p), "top_p", f"top_p must be in (0, 1], got {self.top_p}"),
             (-1 <= self.top_k <= INT32_MAX, "top_k",
              f"top_k must be -1, 0 (disabled) or positive up to {INT32_MAX}, got {self.top_k}"),
-            (0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty",
+            (NUMBER_RANGES["min_p"].contains(self.min_p), "min_p", f"min_p must be in [0, 1], got {self.min_p}"),
+            (NUMBER_RANGES["presence_penalty"].contains(self.presence_penalty), "presence_penalty",
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty",
+            (NUMBER_RANGES["frequency_penalty"].contains(self.frequency_penalty), "frequency_penalty",
              f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (0.0 < self.repetition_penalty < math.inf, "repetition_penalty",
+            (NUMBER_RANGES["repetition_penalty"].contains(self.repetition_penalty), "repetition_penalty",
              f"repetition_penalty must be positive and finite, got {self.repetition_penalty}"),
             (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed",
              f"seed must be a 64-bit signed integer (between {INT64_MIN} and {INT64_MAX}), got {self.seed}"),
@@ -80,7 +80,7 @@ class SamplingParams:
             if not ok:
                 raise SamplingParamsError(message, param)
         for token_id, bias in self.logit_bias.items():
-            if not -100.0 <= bias <= 100.0:
+            if not NUMBER_RANGES["logit_bias"].contains(bias):
                 raise SamplingParamsError(f"logit_bias values must be in [-100, 100], got {bias}", "logit_bias")
             if not 0 <= token_id <= INT32_MAX:
                 raise SamplingParamsError(f"logit_bias token ids must be between 0 and {INT32_MAX}, got {token_id}",

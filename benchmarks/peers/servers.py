@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from benchmarks.peers.llama_build import ensure_gguf, ensure_llama_server, llama_server_path
-from benchmarks.peers.process import ServerSpec, free_port
+from benchmarks.peers.process import ServerSpec
+from services.ports import free_port
 
 
 def default_llama_threads() -> int:

@@ -19,9 +19,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks.cli import main as bench_main
-from benchmarks.peers.process import ServerProcess, ServerSpec, free_port
+from benchmarks.peers.process import ServerProcess, ServerSpec
 from benchmarks.prometheus import parse_prometheus_text
 from benchmarks.report import load_result
+from services.ports import free_port
 
 POLICIES = ("prefix", "round-robin", "least-load")
 

@@ -23,77 +23,41 @@ A lost worker (a failed or overdue step, a step reply from another worker incarn
 report) fails every live request; the loop then waits for a worker, and a new incarnation or pool gets a fresh
 Scheduler (no block state, no prefix cache). Arrivals pass readiness (worker lost, draining) and admission control
 (a bounded queue, a predicted wait) before the Scheduler sees them.
+
+Parts: live requests (one record each, services/scheduler/live_request.py), steps in flight (in_flight.py), output
+fan-out (output_dispatch.py), step traces (step_tracing.py), grammar compiles (grammar_preparation.py). Invariants,
+checked where they can break (they hold under `python -O`): at most `max_in_flight` steps out; a request is live
+at most once; between steps the live requests are exactly the Scheduler's, each in one state and no block held
+by a finished one (the full check runs whenever the loop idles with --check-integrity-when-idle).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import logging
 import time
-from dataclasses import dataclass
-from typing import Protocol
 
 import grpc.aio
 from opentelemetry import trace
 
-from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
+from services.grpc_errors import ServiceNotReady, WorkerUnavailable
 from services.scheduler.admission import AdmissionConfig, AdmissionControl
 from services.scheduler.grammar_preparation import GrammarPreparer
+from services.scheduler.in_flight import InFlight, StepsInFlight
+from services.scheduler.integrity import require_integrity
+from services.scheduler.live_request import Item, LiveRequest, LiveRequests
+from services.scheduler.output_dispatch import OutputDispatcher, StateWriter
 from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import RequestRejected, Scheduler, SchedulerOutput
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.step_tracing import StepTracer
 from services.scheduler.worker_client import WorkerClient
 from services.scheduler.worker_monitor import same_worker
-from shared.request_io import GenerateRequest, RequestOutput
-from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
-from shared.structured_output import StructuredOutput
+from shared.request_io import GenerateRequest
+from shared.step_protocol import ModelDescription
 from shared.tracing import get_tracer, traceparent_of
 
 log = logging.getLogger(__name__)
-Item = RequestOutput | Exception  # what a request's queue carries: its outputs, or the error that ended it
-
-
-class StateWriter(Protocol):
-    def request_arrived(self, req_id: str, num_prompt_tokens: int, arrival_time_s: float) -> None: ...
-    def request_first_token(self, req_id: str, num_cached_tokens: int) -> None: ...
-    def request_finished(self, req_id: str, finish_reason: str, num_output_tokens: int,
-                         num_cached_tokens: int) -> None: ...
-
-
-def request_error(failure: FailedRequest) -> Exception:
-    """A worker-reported failure as the error its stream ends with (a 400 for the client's own parameters)."""
-    if failure.invalid_argument:
-        return RequestRejected(failure.message)
-    return RequestFailed(f"the worker failed on the request: {failure.message}")
-
-
-def _discard(future: asyncio.Future) -> None:
-    """Cancel a future nobody will wait for, or retrieve its error (so that it is not reported as lost)."""
-    if not future.cancel() and not future.cancelled():
-        future.exception()
-
-
-@dataclass
-class InFlight:
-    """A step sent to the worker whose output has not been handed to the scheduler yet."""
-
-    scheduled: SchedulerOutput
-    reply: asyncio.Future[StepOutput]
-    sent_s: float  # time.perf_counter() when it was sent
-    back_to_back: bool  # sent right after the previous step without the loop idling: the worker's wait counts
-    span: trace.Span | None  # the step's own span (every trace_step_interval'th step), until it ends
-
-    @property
-    def num_tokens(self) -> int:
-        return self.scheduled.step_input.total_num_scheduled_tokens
-
-    def end_span(self) -> None:
-        if self.span is not None:
-            self.span.end()
-            self.span = None
-
 
 ARRIVALS_WINDOW_S = 1.0  # steps are planned late while a request arrived this recently
 PLAN_LEAD_FRACTION = 0.25  # a late plan goes out this share of a step before the running one is expected to end
@@ -104,12 +68,11 @@ class EngineLoop:
     def __init__(self, scheduler: Scheduler, worker: WorkerClient, state: StateWriter,
                  observer: RequestObserver | None = None, trace_step_interval: int = 0,
                  readiness: Readiness | None = None, admission: AdmissionControl | None = None,
-                 async_scheduling: bool = False, late_planning: bool = False) -> None:
+                 async_scheduling: bool = False, late_planning: bool = False,
+                 check_integrity_when_idle: bool = False) -> None:
         self.scheduler = scheduler
         self.worker = worker
-        self.state = state
         self.observer = observer or RequestObserver(None, scheduler.description.model_name)
-        self.trace_step_interval = trace_step_interval  # every Nth step gets a span (linked to its requests); 0: none
         self.readiness = readiness or Readiness()
         self.admission = admission or AdmissionControl(AdmissionConfig())
         self.recovering = False  # waiting for the worker to come back (the WorkerMonitor stands aside)
@@ -117,20 +80,29 @@ class EngineLoop:
         self._lost: WorkerUnavailable | None = None  # set when the worker is lost; the loop recovers next
         self._lost_signal: asyncio.Future[None] | None = None  # done with _lost: the step in flight is not waited for
         self.grammars = GrammarPreparer(worker)
-        self._grammar_tasks: dict[str, asyncio.Task] = {}  # req_id -> its grammar's preparation
-        self._queues: dict[str, asyncio.Queue[Item]] = {}  # live requests: req_id -> its stream's queue
-        self._span_contexts: dict[str, trace.SpanContext] = {}  # req_id -> its request span, for step links
-        self._traceparents: dict[str, str] = {}  # req_id -> W3C traceparent, sent with its first step
+        self._live = LiveRequests()
+        self.outputs = OutputDispatcher(self._live, state, self.observer)
+        self.tracer = StepTracer(self._live, trace_step_interval, get_tracer)
         self._wakeup = asyncio.Event()
-        self._undelivered: list[tuple[asyncio.Queue[Item], Item]] = []  # the last step's outputs, not yet queued
         self._resumed = True  # the loop waited for work since its last step: the worker's wait is not a round trip
         # async scheduling: the next step is sent while one runs (the worker queues it); serial: one at a time
-        self.max_in_flight = 2 if async_scheduling else 1
+        self._in_flight = StepsInFlight(2 if async_scheduling else 1)
         self.late_planning = late_planning and async_scheduling  # see _plan_late
-        self._in_flight: collections.deque[InFlight] = collections.deque()  # oldest first
-        self._last_reply_s = 0.0  # time.perf_counter() when the last step's output came back
         self._last_arrival_s = -ARRIVALS_WINDOW_S  # time.perf_counter() of the last arrival, admitted or not
+        self.check_integrity_when_idle = check_integrity_when_idle  # debug: the full leak check at every idle
         self.num_steps = 0
+
+    @property
+    def state(self) -> StateWriter:
+        return self.outputs.state
+
+    @state.setter
+    def state(self, state: StateWriter) -> None:
+        self.outputs.state = state
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._in_flight.max_in_flight
 
     @property
     def ready(self) -> bool:
@@ -138,11 +110,11 @@ class EngineLoop:
 
     @property
     def num_live_requests(self) -> int:
-        return len(self._queues)
+        return len(self._live)
 
     @property
     def live_req_ids(self) -> set[str]:
-        return set(self._queues)
+        return self._live.ids()
 
     @property
     def worker_description(self) -> ModelDescription:
@@ -155,57 +127,47 @@ class EngineLoop:
         if not self.readiness.ready:
             raise ServiceNotReady(self.readiness.reason)
         self._last_arrival_s = time.perf_counter()
-        ends_in_s = self._step_ends_in_s()
-        self.admission.check(self.scheduler, request, len(self._in_flight), ends_in_s, self._in_flight_s(ends_in_s))
+        ends_in_s = self._in_flight.oldest_ends_in_s(self.admission.estimator)
+        self.admission.check(self.scheduler, request, len(self._in_flight), ends_in_s,
+                             self._in_flight.all_back_in_s(self.admission.estimator, ends_in_s))
         self.scheduler.add_request(request)
-        queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._queues[request.req_id] = queue
-        if span is not None and span.get_span_context().is_valid:
-            self._span_contexts[request.req_id] = span.get_span_context()
-        if traceparent:
-            self._traceparents[request.req_id] = traceparent
+        span_context = span.get_span_context() if span is not None else None
+        live = LiveRequest(request.req_id, asyncio.Queue(), span_context if span_context and span_context.is_valid
+                           else None, traceparent)
+        self._live.add(live)
         self.state.request_arrived(request.req_id, len(request.prompt_token_ids), request.arrival_time_s)
         self.observer.arrived(request.req_id, len(request.prompt_token_ids), span)
         if request.sampling.structured_output is not None:
-            self._grammar_tasks[request.req_id] = asyncio.create_task(
-                self._prepare_grammar(request.req_id, request.sampling.structured_output))
+            self.grammars.prepare_for(request.req_id, request.sampling.structured_output, self._grammar_compiled,
+                                      self.fail_request)
         self._wakeup.set()
-        return queue
+        return live.queue
 
-    async def _prepare_grammar(self, req_id: str, structured: StructuredOutput) -> None:
-        """Admit the request once the worker compiled its grammar; fail it when the grammar is refused."""
-        try:
-            await self.grammars.prepare(structured)
-        except (RequestRejected, WorkerUnavailable) as exc:
-            self.fail_request(req_id, exc)
-            return
-        finally:
-            self._grammar_tasks.pop(req_id, None)
-        if self.scheduler.grammar_ready(req_id):
+    def _grammar_compiled(self, req_id: str) -> None:
+        if self.scheduler.grammar_ready(req_id):  # False once the request is gone
             self._wakeup.set()
 
     def abort_request(self, req_id: str) -> None:
         """Drop a live request now (its stream was cancelled); a no-op once it finished."""
         request = self.scheduler.requests.get(req_id)
-        if self._forget(req_id) and self.scheduler.abort_request(req_id):
+        if self._live.pop(req_id) is not None and self.scheduler.abort_request(req_id):
             self.state.request_finished(req_id, "abort", 0, 0)
             self.observer.finished(req_id, "abort", request.num_prompt_tokens, request.num_output_tokens)
             self._wakeup.set()  # tell the worker to drop its mirror promptly
 
     def fail_request(self, req_id: str, error: Exception) -> None:
         """End a live request with an error on its stream; its blocks are free at once."""
-        queue = self._queues.get(req_id)
-        if queue is not None:
-            queue.put_nowait(error)
-            self._forget(req_id)
+        live = self._live.pop(req_id)
+        if live is not None:
+            live.queue.put_nowait(error)
             self.observer.forget(req_id)
             if self.scheduler.abort_request(req_id):
                 self.state.request_finished(req_id, "error", 0, 0)
             self._wakeup.set()
 
     def fail_all(self, error: Exception) -> None:
-        for req_id in list(self._queues):
-            self.fail_request(req_id, error)
+        for live in self._live:
+            self.fail_request(live.req_id, error)
 
     def worker_lost(self, error: WorkerUnavailable) -> None:
         """Stop taking requests; the loop fails the live ones and waits for the worker (once, however often told)."""
@@ -216,29 +178,6 @@ class EngineLoop:
                 self._lost_signal.set_result(None)  # a step in flight is abandoned
             self._wakeup.set()
 
-    def _step_ends_in_s(self) -> float:
-        """Seconds until the oldest step in flight is expected back, by its size (0 with none out or before a step
-        timed)."""
-        if not self._in_flight:
-            return 0.0
-        oldest = self._in_flight[0]
-        step_time_s = self.admission.estimator.step_s(oldest.num_tokens)
-        if step_time_s is None:
-            return 0.0
-        started_s = max(oldest.sent_s, self._last_reply_s)
-        return max(0.0, started_s + step_time_s - time.perf_counter())
-
-    def _in_flight_s(self, oldest_ends_in_s: float) -> float:
-        """Seconds until every step in flight is expected back: the oldest's rest, then each one's predicted time
-        (0 before a step was timed, when admission predicts no wait anyway)."""
-        queued = itertools.islice(self._in_flight, 1, None)
-        return oldest_ends_in_s + sum(self.admission.estimator.step_s(sent.num_tokens) or 0.0 for sent in queued)
-
-    def _forget(self, req_id: str) -> bool:
-        self._span_contexts.pop(req_id, None)
-        self._traceparents.pop(req_id, None)
-        return self._queues.pop(req_id, None) is not None
-
     async def run(self) -> None:
         try:
             while True:
@@ -247,25 +186,31 @@ class EngineLoop:
                 elif self._in_flight or self.scheduler.has_schedulable_requests() or self.scheduler.finished_req_ids:
                     await self.step()
                 else:
-                    self._deliver()
-                    self._wakeup.clear()
-                    self._resumed = True
-                    await self._wakeup.wait()
+                    await self._idle()
         finally:  # stopped (shutdown): nobody waits for the steps in flight any more
-            self._drop_in_flight()
+            self._in_flight.drop()
+
+    async def _idle(self) -> None:
+        """Hand out the last outputs and sleep until something arrives (in debug mode, after the leak check)."""
+        self.outputs.deliver()
+        if self.check_integrity_when_idle:
+            require_integrity(self.scheduler, self._live.ids())
+        self._wakeup.clear()
+        self._resumed = True
+        await self._wakeup.wait()
 
     async def step(self) -> None:
         """Send the next step while fewer than `max_in_flight` are out; once it is out, hand the last outputs to their
         streams; then wait for the oldest step in flight when the pipeline is full or nothing else can be sent."""
         if self.late_planning and len(self._in_flight) == 1 and await self._plan_late():
             return
-        sent = len(self._in_flight) < self.max_in_flight and self._send_next()
+        sent = not self._in_flight.full and self._send_next()
         await asyncio.sleep(0)  # the step goes out before the streams the last outputs wake
-        self._deliver()
+        self.outputs.deliver()
         if not self._in_flight:
             self._resumed = True
             await asyncio.sleep(0.005)  # nothing fits right now; let aborts and arrivals run
-        elif not sent or len(self._in_flight) == self.max_in_flight:
+        elif not sent or self._in_flight.full:
             await self._finish_oldest()
 
     async def _plan_late(self) -> bool:
@@ -275,11 +220,12 @@ class EngineLoop:
         step_time_s = self.admission.estimator.step_time_s
         if step_time_s is None or time.perf_counter() - self._last_arrival_s > ARRIVALS_WINDOW_S:
             return False
-        delay_s = self._step_ends_in_s() - max(MIN_PLAN_LEAD_S, PLAN_LEAD_FRACTION * step_time_s)
+        delay_s = self._in_flight.oldest_ends_in_s(self.admission.estimator) - max(
+            MIN_PLAN_LEAD_S, PLAN_LEAD_FRACTION * step_time_s)
         if delay_s <= 0:
             return False
-        self._deliver()  # the streams get the last outputs while the step runs
-        running = self._in_flight[0]
+        self.outputs.deliver()  # the streams get the last outputs while the step runs
+        running = self._in_flight.oldest
         waits = {running.reply} if self._lost_signal is None else {running.reply, self._lost_signal}
         await asyncio.wait(waits, timeout=delay_s, return_when=asyncio.FIRST_COMPLETED)
         return self._lost is not None
@@ -293,18 +239,16 @@ class EngineLoop:
         self.num_steps += 1
         back_to_back, self._resumed = not self._resumed, False
         self.observer.step_planned(scheduled, self.num_steps)
-        traceparents = {r.req_id: self._traceparents[r.req_id] for r in step.new_requests
-                        if r.req_id in self._traceparents}
-        span = self._step_span(step) if self.trace_step_interval and self.num_steps % self.trace_step_interval == 0 \
-            else None  # the worker's step span becomes its child
-        reply = self.worker.submit(step, self.num_steps, traceparents, traceparent_of(span) if span else "")
+        span = self.tracer.span_of(step, self.num_steps)  # the worker's step span becomes its child
+        reply = self.worker.submit(step, self.num_steps, self.tracer.traceparents(step),
+                                   traceparent_of(span) if span else "")
         self._in_flight.append(InFlight(scheduled, reply, time.perf_counter(), back_to_back, span))
         return True
 
     async def _finish_oldest(self) -> None:
         """Wait for the oldest step's output and apply it. The step is given up when it fails, passes its deadline
         (--step-progress-timeout-s) or the worker is found lost; the loop then recovers."""
-        sent = self._in_flight[0]
+        sent = self._in_flight.oldest
         if self._lost_signal is None:  # one plain future until the worker is lost: no task per step
             self._lost_signal = asyncio.get_running_loop().create_future()
             if self._lost is not None:
@@ -328,66 +272,20 @@ class EngineLoop:
         if output.incarnation_id != sent.scheduled.step_input.incarnation_id:  # it applied nothing: our block ids
             self.worker_lost(WorkerUnavailable("the worker restarted; requests in flight were lost"))  # are not its own
             return
-        self._in_flight.popleft()
-        now_s = time.perf_counter()
-        duration_s = now_s - max(sent.sent_s, self._last_reply_s)  # the worker's time on it (steps queue back to back)
-        self._last_reply_s = now_s
+        duration_s = self._in_flight.pop_oldest(time.perf_counter())
         self.scheduler.counters.record_worker_times(output.forward_time_ns, output.sample_time_ns,
                                                  output.idle_time_ns if sent.back_to_back else 0)
-        self.admission.estimator.record_step(duration_s, self._dispatch(sent.scheduled, output), sent.num_tokens)
-
-    def _step_span(self, step: StepInput) -> trace.Span:
-        """A sampled step's own trace, linked to the request spans it serves (a step belongs to no one request)."""
-        links = [trace.Link(self._span_contexts[r]) for r in step.num_scheduled_tokens if r in self._span_contexts]
-        return get_tracer().start_span(
-            "scheduler.step", context=trace.set_span_in_context(trace.INVALID_SPAN), links=links,
-            attributes={"step_id": self.num_steps, "num_requests": len(step.num_scheduled_tokens),
-                        "num_scheduled_tokens": step.total_num_scheduled_tokens})
-
-    def _drop_in_flight(self) -> None:
-        for sent in self._in_flight:
-            sent.end_span()
-            _discard(sent.reply)
-        self._in_flight.clear()
-
-    def _deliver(self) -> None:
-        for queue, item in self._undelivered:
-            queue.put_nowait(item)
-        self._undelivered.clear()
-
-    def _dispatch(self, scheduled: SchedulerOutput, output: StepOutput) -> int:
-        """Hand the step's outputs to their streams; returns how many requests finished."""
-        outputs = self.scheduler.update_from_output(scheduled, output)
-        for out in outputs:
-            queue = self._queues.get(out.req_id)
-            if queue is None:
-                continue
-            if out.error is not None:
-                self._undelivered.append((queue, request_error(out.error)))
-                self._forget(out.req_id)
-                self.state.request_finished(out.req_id, "error", out.num_output_tokens, out.num_cached_tokens)
-                self.observer.finished(out.req_id, "error", out.num_prompt_tokens, out.num_output_tokens)
-                continue
-            self._undelivered.append((queue, out))
-            self.observer.produced(out)
-            if out.num_output_tokens == len(out.new_token_ids):
-                self.state.request_first_token(out.req_id, out.num_cached_tokens)
-            if out.finished:
-                self._forget(out.req_id)
-                self.state.request_finished(out.req_id, out.finish_reason.value, out.num_output_tokens,
-                                            out.num_cached_tokens)
-                self.observer.finished(out.req_id, out.finish_reason.value, out.num_prompt_tokens,
-                                       out.num_output_tokens)
-        return sum(1 for out in outputs if out.finished)
+        num_finished = self.outputs.dispatch(self.scheduler.update_from_output(sent.scheduled, output))
+        self.admission.estimator.record_step(duration_s, num_finished, sent.num_tokens)
 
     async def _recover(self, error: WorkerUnavailable) -> None:
         """Fail every live request, wait for the worker, and start over with a fresh scheduler."""
-        log.error("%s; failing %d requests and waiting for the worker", error, len(self._queues))
+        log.error("%s; failing %d requests and waiting for the worker", error, len(self._live))
         self.recovering, self._lost = True, None
         self._lost_signal = None
         await self.worker.reset_stream()  # the steps in flight fail with it
-        self._drop_in_flight()
-        self._deliver()  # the last step's outputs reach their streams before the error does
+        self._in_flight.drop()
+        self.outputs.deliver()  # the last step's outputs reach their streams before the error does
         self.fail_all(error)
         old = self.scheduler.description
         description = await self.worker.wait_until_ready()

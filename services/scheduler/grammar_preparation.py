@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -33,7 +34,25 @@ class GrammarPreparer:
         self._calls = asyncio.Semaphore(max_concurrent_calls)
         self._in_flight: dict[str, asyncio.Future] = {}  # key -> the one call compiling it
         self._known: OrderedDict[str, None] = OrderedDict()  # keys the worker compiled, most recent last
+        self._waits: set[asyncio.Task] = set()  # the requests' waits for their grammars (held: tasks are weak refs)
         self.num_calls = 0
+
+    def prepare_for(self, req_id: str, structured: StructuredOutput, compiled: Callable[[str], None],
+                    refused: Callable[[str, Exception], None]) -> None:
+        """Have the request's grammar compiled in the background, then call `compiled(req_id)`, or
+        `refused(req_id, error)` when the grammar engine refuses it or the worker cannot be reached."""
+        wait = asyncio.create_task(self._prepare_for(req_id, structured, compiled, refused))
+        self._waits.add(wait)
+        wait.add_done_callback(self._waits.discard)
+
+    async def _prepare_for(self, req_id: str, structured: StructuredOutput, compiled: Callable[[str], None],
+                           refused: Callable[[str, Exception], None]) -> None:
+        try:
+            await self.prepare(structured)
+        except (RequestRejected, WorkerUnavailable) as exc:
+            refused(req_id, exc)
+            return
+        compiled(req_id)
 
     async def prepare(self, structured: StructuredOutput) -> None:
         """Returns once the worker holds the compiled grammar. Raises RequestRejected when the grammar engine

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.scheduler.block_pool import Block, BlockPool
+from services.scheduler.invariants import require
 from services.scheduler.prefix_cache import InFlightKeys, PrefixIndex
 from services.scheduler.request import Request
 from shared.block_hashes import extend_block_keys
@@ -127,22 +128,24 @@ class KVCacheManager:
         """free + in use == total; ref counts equal owners; free <=> unreferenced; keys and in-flight keys agree."""
         owners: dict[int, int] = {}
         for req_id, blocks in self.blocks_of.items():
-            assert len({b.block_id for b in blocks}) == len(blocks), f"request {req_id} owns a block twice"
+            require(len({b.block_id for b in blocks}) == len(blocks), f"request {req_id} owns a block twice")
             for block in blocks:
                 owners[block.block_id] = owners.get(block.block_id, 0) + 1
         for block in self.pool.blocks:
-            assert block.ref_count == owners.get(block.block_id, 0), f"block {block.block_id} ref count mismatch"
-            assert (block.ref_count == 0) == (block.block_id in self.pool.free_queue), f"block {block.block_id}"
+            require(block.ref_count == owners.get(block.block_id, 0), f"block {block.block_id} ref count mismatch")
+            require((block.ref_count == 0) == (block.block_id in self.pool.free_queue),
+                    f"block {block.block_id} is free but referenced, or referenced but not free")
             if block.key is not None:
-                assert self.prefix_index.get(block.key) == block.block_id, f"block {block.block_id} key not indexed"
-        assert len(owners) + self.pool.num_free_blocks == self.pool.num_blocks, "blocks lost or double counted"
-        assert len(self.prefix_index) == sum(1 for b in self.pool.blocks if b.key is not None)
+                require(self.prefix_index.get(block.key) == block.block_id, f"block {block.block_id} key not indexed")
+        require(len(owners) + self.pool.num_free_blocks == self.pool.num_blocks, "blocks lost or double counted")
+        require(len(self.prefix_index) == sum(1 for b in self.pool.blocks if b.key is not None),
+                "prefix index and block keys disagree")
         self._check_in_flight()
 
     def _check_in_flight(self) -> None:
         """Only live requests have blocks in flight, none of them already computed; none with caching off."""
         self.in_flight.check()
-        assert self.in_flight.req_ids <= set(self.blocks_of), "a request without blocks has blocks in flight"
-        assert self.enable_prefix_caching or not len(self.in_flight), "blocks in flight with prefix caching off"
+        require(self.in_flight.req_ids <= set(self.blocks_of), "a request without blocks has blocks in flight")
+        require(self.enable_prefix_caching or not len(self.in_flight), "blocks in flight with prefix caching off")
         for req_id in self.in_flight.req_ids:
-            assert self.in_flight.next_block(req_id) >= self.num_cached_of.get(req_id, 0), f"request {req_id}"
+            require(self.in_flight.next_block(req_id) >= self.num_cached_of.get(req_id, 0), f"request {req_id}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.scheduler.invariants import require
+
 
 @dataclass
 class PrefixCacheCounters:
@@ -132,10 +134,10 @@ class InFlightKeys:
         """The producer counts are exactly the spans' keys, and no span is empty."""
         expected: dict[bytes, int] = {}
         for req_id, span in self._spans.items():
-            assert span.next < span.end <= len(span.keys), f"request {req_id} has an empty in-flight span"
+            require(span.next < span.end <= len(span.keys), f"request {req_id} has an empty in-flight span")
             for key in span.keys[span.next:span.end]:
                 expected[key] = expected.get(key, 0) + 1
-        assert expected == self._num_producers, "in-flight producer counts do not match the spans"
+        require(expected == self._num_producers, "in-flight producer counts do not match the spans")
 
     def _drop(self, keys: list[bytes]) -> None:
         for key in keys:

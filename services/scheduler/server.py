@@ -60,7 +60,8 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
     description = await worker.wait_until_ready()
     engine = EngineLoop(Scheduler(config.scheduler, description), worker, servicer.state,
                         RequestObserver(metrics, description.model_name), config.trace_step_interval, readiness,
-                        AdmissionControl(config.admission), config.async_scheduling, config.late_planning)
+                        AdmissionControl(config.admission), config.async_scheduling, config.late_planning,
+                        config.check_integrity_when_idle)
     tasks.append(asyncio.create_task(_run_engine(engine, stop), name="engine-loop"))
     monitor = WorkerMonitor(worker, engine, config.worker_probe_interval_s, config.worker_probe_timeout_s)
     tasks.append(asyncio.create_task(monitor.run(), name="worker-monitor"))

@@ -35,6 +35,9 @@ class SchedulerServiceConfig:
     late_planning: bool = field(default=True, metadata={"help": (
         "with async scheduling, while requests arrive: plan step N+1 shortly before step N ends rather than as it "
         "starts, so that arrivals meanwhile join N+1 (a step less of TTFT under load); false: always as N starts")})
+    check_integrity_when_idle: bool = field(default=False, metadata={"help": (
+        "debug: run the scheduler's full leak check (KV blocks, request states, open streams) whenever the engine "
+        "loop goes idle; a failed check stops the loop")})
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     log_level: LogLevel = "info"  # debug, info, warning, error
 

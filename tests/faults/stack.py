@@ -14,12 +14,13 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.ports import free_port
 from services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
 from shared.integrity_report import IntegrityReport
 from shared.scheduler_stats import SchedulerStats
-from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 INTERNAL_TOKEN = "fault-suite-internal-token"
 # Quicker detection than the defaults: the worker is probed every 0.2 s and lost when a probe goes unanswered for

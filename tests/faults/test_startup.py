@@ -6,7 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.integration.processes import REPO, free_port
+from services.ports import free_port
+from tests.integration.processes import REPO
 from tests.unit.gpu_worker.tiny_models import make_tiny_model
 
 

@@ -17,14 +17,10 @@ import httpx
 import redis
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from services.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_is_open(port: int) -> bool:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.processes import MODEL_DIR, REPO, RedisServer, free_port
+from services.ports import free_port
+from tests.integration.processes import MODEL_DIR, REPO, RedisServer
 
 REPLICA_IDS = ("replica-0", "replica-1")
 

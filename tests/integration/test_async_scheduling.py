@@ -17,7 +17,8 @@ import pytest
 
 from benchmarks.engine.workloads import TOPICS
 from benchmarks.prometheus import parse_prometheus_text
-from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+from services.ports import free_port
+from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 NUM_DISTINCT = 21
 # index of a prompt whose extra copy is abandoned -> after how many text chunks: prompts that ignore EOS and have no

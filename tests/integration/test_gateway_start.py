@@ -6,7 +6,8 @@ import shutil
 import subprocess
 import sys
 
-from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+from services.ports import free_port
+from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 
 def test_gateway_warns_at_start_about_a_model_without_a_chat_template(tmp_path):

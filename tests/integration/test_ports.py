@@ -22,10 +22,11 @@ import httpx
 import pytest
 
 from services.internal_auth import token_metadata
+from services.ports import free_port
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from tests.integration.conftest import INTERNAL_TOKEN
-from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 STARTUP_TIMEOUT_S = 240
 EXIT_TIMEOUT_S = 60

@@ -14,7 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.processes import REPO, free_port, wait_for
+from services.ports import free_port
+from tests.integration.processes import REPO, wait_for
 from tests.unit.deploy import deploy_checks, deploy_tools
 
 SCRAPE_INTERVAL_S = 1

@@ -11,11 +11,12 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.ports import free_port
 from services.proto_convert.scheduler_contract import generate_request_to_pb
 from services.proto_gen import scheduler_pb2_grpc
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.integration.processes import REPO, free_port, wait_for
+from tests.integration.processes import REPO, wait_for
 
 
 def test_scheduler_waits_for_its_worker_and_says_so(tmp_path):

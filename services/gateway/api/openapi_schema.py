@@ -1,6 +1,7 @@
 """The gateway's /openapi.json with what the gateway enforces written in: value ranges of the request fields, the
 API key, and the OpenAI-shaped error answers. Generated clients and fuzzers (schemathesis) read it; the checks
-themselves live in protocol.py and sampling.py, and a test keeps the two in step."""
+themselves live in protocol.py, sampling.py and shared/sampling_params.py (whose number ranges, in
+shared/sampling_bounds.py, are documented here from the same constants); a test keeps them in step."""
 
 from __future__ import annotations
 
@@ -12,19 +13,10 @@ from fastapi import FastAPI
 
 from services.gateway.api.protocol import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from services.gateway.api.sampling import MAX_LOGPROBS
+from shared.sampling_bounds import NUMBER_RANGES
 from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX
 from shared.step_protocol import ModelDescription
 
-# field -> bounds of every number of that type inside it (list items and map values included)
-_NUMBER_BOUNDS: dict[str, dict[str, float]] = {
-    "temperature": {"minimum": 0},
-    "top_p": {"exclusiveMinimum": 0, "maximum": 1},
-    "min_p": {"minimum": 0, "maximum": 1},
-    "presence_penalty": {"minimum": -2, "maximum": 2},
-    "frequency_penalty": {"minimum": -2, "maximum": 2},
-    "repetition_penalty": {"exclusiveMinimum": 0},
-    "logit_bias": {"minimum": -100, "maximum": 100},
-}
 _TOKEN_ID_FIELDS = ("prompt", "tokens", "stop_token_ids")
 _ERROR_STATUSES = {400: "Bad request: the message names the field (`param`)", 401: "Missing or wrong API key",
                    404: "Unknown model", 413: "Request body over --max-body-bytes",
@@ -76,9 +68,9 @@ def documented(schema: dict, max_num_choices: int, model: ModelDescription | Non
         for name, (low, high) in integers.items():
             if name in properties:
                 _bound(properties[name], "integer", {"minimum": low, "maximum": high})
-        for name, bounds in _NUMBER_BOUNDS.items():
+        for name, bounds in NUMBER_RANGES.items():
             if name in properties:
-                _bound(properties[name], "number", bounds)
+                _bound(properties[name], "number", bounds.json_schema())
         _bound_strings(properties)
     components.setdefault("schemas", {})["ErrorResponse"] = _ERROR_SCHEMA
     if api_key:

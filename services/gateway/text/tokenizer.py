@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tokenizers import decoders
+from tokenizers import Tokenizer, decoders
 from transformers import AutoTokenizer
 
 from services.gateway.http.errors import OpenAIError
@@ -105,6 +105,11 @@ class PromptTokenizer:
         if max_num_tokens is not None and self.num_tokens_at_least(text) >= max_num_tokens:
             raise PromptTooLong(self.num_tokens_at_least(text))
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    @property
+    def backend_tokenizer(self) -> Tokenizer:
+        """The Rust tokenizer underneath (streaming detokenization uses it)."""
+        return self.tokenizer.backend_tokenizer
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)

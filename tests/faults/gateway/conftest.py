@@ -7,8 +7,9 @@ import subprocess
 import pytest
 import redis
 
+from services.ports import free_port
 from tests.faults.gateway.stack import REDIS_PASSWORD, GatewayStack, start_gateway_stack
-from tests.integration.processes import MODEL_DIR, free_port, wait_for
+from tests.integration.processes import MODEL_DIR, wait_for
 
 STARTUP_TIMEOUT_S = 240
 

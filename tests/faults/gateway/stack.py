@@ -15,10 +15,11 @@ from pathlib import Path
 import grpc
 import httpx
 
+from services.ports import free_port
 from services.proto_convert.scheduler_contract import stats_from_pb
 from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from shared.scheduler_stats import SchedulerStats
-from tests.integration.processes import MODEL_DIR, REPO, free_port, wait_for
+from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 API_KEY = "fault-suite-api-key-4d1c"
 INTERNAL_TOKEN = "fault-suite-internal-token-9e2b"

@@ -67,3 +67,8 @@ def test_missing_counters_are_absent_not_zero():
     deltas, names = counter_deltas({}, parse_prometheus_text("pagedserve_prefix_cache_hits_total 5"))
     assert deltas == {"prefix_cache_hits": 5.0}
     assert names == {"prefix_cache_hits": "pagedserve_prefix_cache_hits_total"}
+
+
+def test_text_that_is_not_the_prometheus_format_is_refused():
+    with pytest.raises(ValueError):
+        parse_prometheus_text("<html><body>Not Found</body></html>")

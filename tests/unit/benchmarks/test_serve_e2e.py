@@ -2,7 +2,6 @@
 
 import asyncio
 import json
-import socket
 
 import pytest
 
@@ -12,6 +11,7 @@ from benchmarks.datasets import BenchRequest
 from benchmarks.payload import EndpointConfig
 from benchmarks.probe import resolve_eos_suppression
 from benchmarks.records import RequestRecord
+from services.ports import free_port
 from tests.unit.benchmarks.conftest import MODEL_DIR
 from tests.unit.benchmarks.fake_openai_server import (
     PREFIX_HITS_PER_REQUEST,
@@ -168,12 +168,6 @@ def test_sweep_writes_one_run_per_point_plots_and_compares(tmp_path, tokenizer, 
     completed = next(line for line in table.splitlines() if line.startswith("completed"))
     assert completed.split() == ["completed", "4", "4", "1.000"]
     assert (tmp_path / "c.png").is_file()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def send_one(cfg: EndpointConfig, prompt: str) -> RequestRecord:

@@ -6,21 +6,15 @@ evaluates the dashboard's queries against live services.)"""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 
 import httpx
 import yaml
 
+from services.ports import free_port
 from tests.conftest import REPO_ROOT
 from tests.unit.deploy import alert_rules, deploy_tools
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _rules(url: str) -> list[dict]:
@@ -36,7 +30,7 @@ def test_a_real_prometheus_loads_and_evaluates_every_rule(tmp_path):
     config = yaml.safe_load((folder / "prometheus.yml").read_text())
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     argv = [deploy_tools.prometheus(), f"--config.file={folder / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address={url.removeprefix('http://')}"]
     with open(tmp_path / "prometheus.log", "w") as log:

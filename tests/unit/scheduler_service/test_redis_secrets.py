@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
+from services.ports import free_port
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
-from tests.integration.processes import REPO, free_port, wait_for
+from tests.integration.processes import REPO, wait_for
 
 PASSWORD = "hunter2-redis-secret"
 

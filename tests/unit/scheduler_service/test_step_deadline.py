@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.grpc_errors import WorkerUnavailable
+from services.ports import free_port
 from services.proto_convert.common import description_to_pb
 from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb
 from services.proto_gen import worker_pb2_grpc
@@ -24,7 +25,6 @@ from services.scheduler.worker_client import WorkerClient
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import StepOutput
-from tests.integration.processes import free_port
 from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN
 
 

@@ -17,8 +17,9 @@ import uvicorn
 from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from services.ports import free_port
 from shared.request_io import RequestOutput
-from tests.integration.processes import free_port, wait_for
+from tests.integration.processes import wait_for
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 

@@ -50,3 +50,16 @@ def test_many_tokens_match_a_full_decode(tokenizer):
     text = "Les élèves ont répondu: « oui » — 東京は日本の首都です。 Ça va? 🙂👍"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert "".join(stream(tokenizer, [], ids)) == tokenizer.decode(ids) == text
+
+
+def test_an_output_that_completes_the_prompts_last_character_shows_it_whole(tokenizer):
+    ids = tokenizer.encode("Tokyo: 東京", add_special_tokens=False)
+    cut = next(i for i in range(1, len(ids)) if tokenizer.decode(ids[:i]).endswith(REPLACEMENT_CHAR))
+    pieces = stream(tokenizer, ids[:cut], ids[cut:])
+    assert tokenizer.decode(ids[:cut]) == "Tokyo: " + REPLACEMENT_CHAR  # the cut token holds the space too
+    assert "".join(pieces) == " 東京"  # the held-back prompt token's text, whole, and no other prompt text
+
+
+def test_a_stream_with_no_output_gives_no_text(tokenizer):
+    ids = tokenizer.encode("東", add_special_tokens=False)
+    assert len(ids) > 1 and stream(tokenizer, ids[:1], []) == [""]
