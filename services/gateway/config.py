@@ -8,6 +8,7 @@ from typing import Literal
 from services.gateway.http.cors import parse_list
 from services.gateway.routing.policy import RoutingPolicy
 from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
 from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
@@ -47,6 +48,7 @@ class GatewayConfig:
     health_poll_interval_s: float = 1.0  # how often the gateway checks each scheduler's health
     health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
+    tool_call_parser: str = ""  # the tool-call format: hermes, llama3_json, mistral, qwen3_coder; "": the template's
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
@@ -56,6 +58,9 @@ class GatewayConfig:
         check_choices(self)
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
+        if self.tool_call_parser and self.tool_call_parser not in TOOL_CALL_FORMATS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_FORMATS)}, got "
+                             f"{self.tool_call_parser!r}")
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests"):

@@ -56,10 +56,11 @@ def _constraint(body: ChatCompletionRequest, plan: ToolPlan | None) -> Constrain
 
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
-    plan = tool_plan_of(body)
+    plan = tool_plan_of(body, serving.tool_call_parser)
     functions = [tool.function for tool in body.tools or []]
     args = template_args(body, serving)
-    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args),
+                                        serving.call_format(functions))
     prompt_ids = await serving.encode_chat(messages, args, tools=tools)
     structured_output = await serving.check_constraint(_constraint(body, plan))
     use_new_name = body.max_completion_tokens is not None

@@ -23,6 +23,7 @@ from services.gateway.routing.router import Router, RouterConfig
 from services.gateway.routing.router_metrics import RouterMetrics
 from services.gateway.structured.grammar_check import GrammarChecker
 from services.gateway.structured.structured_outputs import Constraint
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
 from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import ModelDescription
@@ -94,6 +95,14 @@ class Serving:
     def model_root(self) -> str:
         """The model folder as an absolute path (/v1/models `root`: a client on this machine can load its tokenizer)."""
         return str(Path(self.config.model_dir).resolve())
+
+    @property
+    def tool_call_parser(self) -> str:
+        """--tool-call-parser, else the family the chat template's markup names (hermes when unclear)."""
+        return self.config.tool_call_parser or default_tool_call_parser(self.tokenizer.chat_template)
+
+    def call_format(self, functions: list) -> ToolCallFormat:
+        return TOOL_CALL_FORMATS[self.tool_call_parser](functions)
 
     @property
     def limits(self) -> ModelLimits:
