@@ -10,6 +10,7 @@ from starlette.requests import Request
 from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import chat_logprobs
 from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
+from services.gateway.api.request_fields import check_extra_fields
 from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
 from services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.api.serving import Serving
@@ -56,6 +57,7 @@ def _constraint(body: ChatCompletionRequest, plan: ToolPlan | None) -> Constrain
 
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
+    check_extra_fields(body)
     plan = tool_plan_of(body, serving.tool_call_parser)
     functions = [tool.function for tool in body.tools or []]
     args = template_args(body, serving)

@@ -152,12 +152,22 @@ class Serving:
             raise OpenAIError(400, f"a request may ask for at most {limit} choices (prompts x n), got "
                                    f"{len(prompts)} x {body.n}", param=shape.prompt_param)
         jobs = []
-        for prompt_index, prompt_ids in enumerate(prompts):
+        for prompt_index, prompt_ids in enumerate(self._truncated(prompts, body.truncate_prompt_tokens)):
             for i in range(body.n):
                 params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
                                                self.generation_defaults, self.limits, shape, structured_output)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
                 jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
-                                                                           body.cache_salt), body.stop_strings))
+                                                                           body.cache_salt), body.stop_strings,
+                                      body.include_stop_str_in_output))
         return jobs
+
+    def _truncated(self, prompts: list[list[int]], keep: int | None) -> list[list[int]]:
+        """vLLM's truncate_prompt_tokens: each prompt's last `keep` tokens (-1: as many as the context holds)."""
+        if keep is None:
+            return prompts
+        keep = self.limits.max_model_len if keep == -1 else keep
+        if keep < 1:
+            raise OpenAIError(400, "truncate_prompt_tokens must be at least 1 (or -1)", param="truncate_prompt_tokens")
+        return [p[-keep:] for p in prompts]

@@ -15,7 +15,7 @@ def finish_reason(plan: ToolPlan, finish: str | None, num_calls: int) -> str | N
 
 def message_of(plan: ToolPlan, result: ChoiceResult) -> tuple[dict, str | None]:
     """(the assistant message, the finish reason) of a whole answer."""
-    content, calls = parse_tool_calls(result.text, plan.format)
+    content, calls = parse_tool_calls(result.text, plan.format, plan.forced)
     message: dict = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [call.to_openai() for call in calls]
@@ -38,7 +38,7 @@ class StreamedToolCalls:
         self._parsers: dict[int, ToolCallParser] = {}
 
     def deltas(self, index: int, text: str, finish: str | None) -> list[tuple[dict, str | None]]:
-        parser = self._parsers.setdefault(index, ToolCallParser(self.plan.format))
+        parser = self._parsers.setdefault(index, ToolCallParser(self.plan.format, self.plan.forced))
         content, calls = parser.feed(text, final=finish is not None)
         out: list[tuple[dict, str | None]] = [({"content": content}, None)] if content else []
         out += [({"tool_calls": [delta_of(call)]}, None) for call in calls]

@@ -26,8 +26,9 @@ class ToolCallDelta:
 
 
 class ToolCallParser:
-    def __init__(self, call_format: ToolCallFormat) -> None:
+    def __init__(self, call_format: ToolCallFormat, forced: bool = False) -> None:
         self.format = call_format
+        self._min_cut_trigger = 1 if forced else MIN_CUT_TRIGGER  # forced calls: the answer holds nothing else
         self.calls: list[ParsedCall] = []
         self.content = ""  # all content emitted so far
         self._buffer = ""  # text not emitted yet
@@ -68,7 +69,7 @@ class ToolCallParser:
             return True
         keep = max((_partial_suffix(self._buffer, t) for t in self.format.triggers
                     if t not in self.format.only_at_start), default=0)
-        if final and keep < MIN_CUT_TRIGGER:
+        if final and keep < self._min_cut_trigger:
             keep = 0
         cut = len(self._buffer) - keep
         self._add_content(self._buffer[:cut], content)
@@ -108,8 +109,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def parse_tool_calls(text: str, call_format: ToolCallFormat) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(text: str, call_format: ToolCallFormat, forced: bool = False
+                     ) -> tuple[str | None, list[ParsedCall]]:
     """(content or None, calls) of a whole answer."""
-    parser = ToolCallParser(call_format)
+    parser = ToolCallParser(call_format, forced)
     parser.feed(text, final=True)
     return parser.content or None, parser.calls

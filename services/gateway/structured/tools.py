@@ -46,6 +46,11 @@ class ToolPlan:
         return self.choice != "none"
 
     @property
+    def forced(self) -> bool:
+        """The grammar allows calls only: any text of the answer is a call's."""
+        return self.choice in ("required", "named")
+
+    @property
     def finish_reason(self) -> str:
         """OpenAI's finish reason of an answer with calls: "stop" when one function was forced."""
         return "stop" if self.choice == "named" else "tool_calls"
