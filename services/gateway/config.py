@@ -50,6 +50,8 @@ class GatewayConfig:
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     tool_call_parser: str = ""  # the tool-call format: hermes, llama3_json, mistral, qwen3_coder; "": the template's
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
+    grammar_check_workers: int = 2  # child processes compiling new grammars side by side
+    grammar_compiles_per_client: int = 1  # new grammars one client (address) may have compiling at once
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: LogLevel = "info"  # debug, info, warning, error
@@ -63,7 +65,8 @@ class GatewayConfig:
                              f"{self.tool_call_parser!r}")
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
-        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests"):
+        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
+                     "grammar_check_workers", "grammar_compiles_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:

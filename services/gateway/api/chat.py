@@ -7,6 +7,7 @@ import time
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
+from services.gateway.api.client_identity import client_key
 from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import chat_logprobs
 from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
@@ -64,11 +65,12 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
     messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args),
                                         serving.call_format(functions))
     prompt_ids = await serving.encode_chat(messages, args, tools=tools)
-    structured_output = await serving.check_constraint(_constraint(body, plan))
+    constraint = _constraint(body, plan)
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name
-                              else body.max_tokens, _num_logprobs(body), shape, structured_output)
+                              else body.max_tokens, _num_logprobs(body), shape)
+    jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     calls = plan if plan is not None and plan.parses_calls else None
     response_id, created = f"chatcmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model.model_name}

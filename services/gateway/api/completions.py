@@ -8,6 +8,7 @@ import time
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
+from services.gateway.api.client_identity import client_key
 from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import completion_logprobs
 from services.gateway.api.protocol import CompletionRequest
@@ -72,8 +73,9 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
     prompts = await _prompts(body, serving)
     if body.max_tokens == 0:
         return _echo_only(body, model.model_name, prompts, [serving.tokenizer.decode(p) for p in prompts], req_id)
-    structured_output = await serving.check_constraint(constraint_of(body))
-    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE, structured_output)
+    constraint = constraint_of(body)
+    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
+    jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
     response_id, created = f"cmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "text_completion", "created": created, "model": model.model_name}

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.gateway.api.generation import ChoiceJob
@@ -127,15 +127,27 @@ class Serving:
         except PromptTooLong as exc:
             raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
 
-    async def check_constraint(self, constraint: Constraint | None) -> StructuredOutput | None:
-        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field)."""
+    async def check_constraint(self, constraint: Constraint | None, client: str = "") -> StructuredOutput | None:
+        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field); `client`
+        (the caller's address) bounds how many new grammars one caller has compiling at once."""
         if constraint is None:
             return None
         if self.grammar_checker is None:
             model = self.require_model(None)
-            self.grammar_checker = GrammarChecker(self.config.model_dir, model.vocab_size, model.eos_token_ids,
-                                                  self.config.grammar_compile_timeout_s)
-        return await self.grammar_checker.check(constraint)
+            config = self.config
+            self.grammar_checker = GrammarChecker(config.model_dir, model.vocab_size, model.eos_token_ids,
+                                                  config.grammar_compile_timeout_s, config.grammar_check_workers,
+                                                  config.grammar_compiles_per_client)
+        return await self.grammar_checker.check(constraint, client)
+
+    @staticmethod
+    def with_grammar(jobs: list[ChoiceJob], structured_output: StructuredOutput | None) -> list[ChoiceJob]:
+        """The jobs with their grammar, checked after the jobs (so a request that cannot fit is refused before
+        its grammar is compiled)."""
+        if structured_output is None:
+            return jobs
+        return [replace(job, request=replace(job.request, sampling=replace(
+            job.request.sampling, structured_output=structured_output))) for job in jobs]
 
     async def close(self) -> None:
         if self.grammar_checker is not None:

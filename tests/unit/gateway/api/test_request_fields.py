@@ -125,3 +125,11 @@ def test_a_call_cut_by_max_tokens_is_never_half_parsed(tokenizer):
             assert not any(ch["delta"].get("content") for c in chunks for ch in c["choices"])
             expected = "length" if max_tokens <= num_tokens else "tool_calls"
             assert message["finish_reason"] == expected
+
+
+def test_the_context_length_is_checked_before_the_grammar_compiles(tokenizer):
+    body = {**CHAT, "max_tokens": 10**6, "response_format": {"type": "json_object"}}
+    with gateway(tokenizer, "{}") as (client, fake, checker):
+        answer = client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+    assert checker.checked == [] and not fake.requests
