@@ -8,6 +8,7 @@ from typing import Literal
 from services.gateway.http.cors import parse_list
 from services.gateway.routing.policy import RoutingPolicy
 from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.structured.reasoning_parsers import REASONING_FORMATS
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
 from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
@@ -49,6 +50,7 @@ class GatewayConfig:
     health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     tool_call_parser: str = ""  # the tool-call format: hermes, llama3_json, mistral, qwen3_coder; "": the template's
+    reasoning_parser: str = ""  # split reasoning out: qwen3, deepseek_r1, none; "": the template's family if clear
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
     grammar_check_workers: int = 2  # child processes compiling new grammars side by side
     grammar_compiles_per_client: int = 1  # new grammars one client (address) may have compiling at once
@@ -63,6 +65,9 @@ class GatewayConfig:
         if self.tool_call_parser and self.tool_call_parser not in TOOL_CALL_FORMATS:
             raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_FORMATS)}, got "
                              f"{self.tool_call_parser!r}")
+        if self.reasoning_parser not in ("", "none", *REASONING_FORMATS):
+            raise ValueError(f"--reasoning-parser must be one of none, {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_parser!r}")
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",

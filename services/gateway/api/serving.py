@@ -22,6 +22,7 @@ from services.gateway.routing.replicas import ReplicaSet
 from services.gateway.routing.router import Router, RouterConfig
 from services.gateway.routing.router_metrics import RouterMetrics
 from services.gateway.structured.grammar_check import GrammarChecker
+from services.gateway.structured.reasoning_parsers import REASONING_FORMATS, ReasoningFormat, default_reasoning_parser
 from services.gateway.structured.structured_outputs import Constraint
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
 from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
@@ -100,6 +101,14 @@ class Serving:
     def tool_call_parser(self) -> str:
         """--tool-call-parser, else the family the chat template's markup names (hermes when unclear)."""
         return self.config.tool_call_parser or default_tool_call_parser(self.tokenizer.chat_template)
+
+    def reasoning_format(self, args: ChatTemplateArgs) -> type[ReasoningFormat] | None:
+        """--reasoning-parser (else the template's family), unless the request turned thinking off."""
+        if args.kwargs.get("enable_thinking") is False or args.kwargs.get("thinking") is False:
+            return None
+        name = self.config.reasoning_parser
+        name = default_reasoning_parser(self.tokenizer.chat_template) if name == "" else name
+        return REASONING_FORMATS[name] if name and name != "none" else None
 
     def call_format(self, functions: list) -> ToolCallFormat:
         return TOOL_CALL_FORMATS[self.tool_call_parser](functions)
