@@ -121,7 +121,8 @@ def _add_output_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--save-result", action="store_true", help="write the result JSON")
     g.add_argument("--result-dir", default="bench-results", help="folder of the result JSON and the plots")
     g.add_argument("--result-filename", default=None,
-                   help="result file name; default: LABEL-DATASET-MODEL-TIMESTAMP.json")
+                   help="result file name or path (joined to --result-dir; an absolute path wins); "
+                        "default: LABEL-DATASET-MODEL-TIMESTAMP.json")
     g.add_argument("--plot", action="store_true", help="write PNG plots next to the result")
     g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
 
@@ -144,17 +145,24 @@ def _serve(args: argparse.Namespace) -> int:
     result = uvloop.run(run_serve(cfg, tokenizer, vars(args), on_run=lambda run: print(run_table(run), flush=True)))
     if len(result["runs"]) > 1:
         print(sweep_table(result))
-    stem = Path(args.result_filename or _default_filename(args, cfg.label, result["contract"]["model"])).stem
-    out_dir = Path(args.result_dir)
+    path = result_path(args.result_dir, args.result_filename
+                       or _default_filename(args, cfg.label, result["contract"]["model"]))
+    out_dir, stem = path.parent, path.stem
     if args.save_result:
-        save_result(result, out_dir / f"{stem}.json")
-        print(f"result: {out_dir / f'{stem}.json'}")
+        save_result(result, path)
+        print(f"result: {path}")
     if args.plot:
         from benchmarks.plots import write_plots
 
         for path in write_plots(result, out_dir, stem):
             print(f"plot: {path}")
     return _exit_code(result)
+
+
+def result_path(result_dir: str, result_filename: str) -> Path:
+    """Where the result goes, as vLLM's bench writes it: the file name joined to --result-dir, so a path in
+    --result-filename is kept (an absolute one wins over the folder)."""
+    return Path(result_dir) / result_filename
 
 
 def _exit_code(result: dict) -> int:

@@ -173,7 +173,8 @@ def _add_routes(app: FastAPI, serving: Serving) -> None:
         if body.messages is not None:
             functions = [tool.function for tool in body.tools or []]
             args = template_args(body, serving)
-            messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+            messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args),
+                                                serving.call_format(functions))
             tokens = await serving.encode_chat(messages, args, tools=tools)
         else:
             tokens = await serving.encode_prompt(body.prompt, "prompt", add_special_tokens=body.add_special_tokens)

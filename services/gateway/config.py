@@ -8,6 +8,8 @@ from typing import Literal
 from services.gateway.http.cors import parse_list
 from services.gateway.routing.policy import RoutingPolicy
 from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.structured.reasoning_parsers import REASONING_FORMATS
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
 from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
@@ -49,7 +51,11 @@ class GatewayConfig:
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     responses_store_ttl_s: float = 3600.0  # how long a stored response (`store`, previous_response_id) is kept
     responses_store_max_bytes: int = 64 * 1024**2  # without --redis-url: this gateway's store holds this much JSON
+    tool_call_parser: str = ""  # the tool-call format: hermes, llama3_json, mistral, qwen3_coder; "": the template's
+    reasoning_parser: str = ""  # split reasoning out: qwen3, deepseek_r1, none; "": the template's family if clear
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
+    grammar_check_workers: int = 2  # child processes compiling new grammars side by side
+    grammar_compiles_per_client: int = 1  # new grammars one client (address) may have compiling at once
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: LogLevel = "info"  # debug, info, warning, error
@@ -58,10 +64,16 @@ class GatewayConfig:
         check_choices(self)
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
+        if self.tool_call_parser and self.tool_call_parser not in TOOL_CALL_FORMATS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_FORMATS)}, got "
+                             f"{self.tool_call_parser!r}")
+        if self.reasoning_parser not in ("", "none", *REASONING_FORMATS):
+            raise ValueError(f"--reasoning-parser must be one of none, {', '.join(REASONING_FORMATS)}, got "
+                             f"{self.reasoning_parser!r}")
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
-                     "responses_store_max_bytes"):
+                     "responses_store_max_bytes", "grammar_check_workers", "grammar_compiles_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:

@@ -170,17 +170,18 @@ class Stack:
         raise TimeoutError(f"the stack was not healthy within {timeout_s}s:\n{self.log_tail()}")
 
 
-def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollector, env: dict) -> Stack:
+def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollector, env: dict,
+                model_dir: Path = MODEL_DIR, extra_args: tuple[str, ...] = ()) -> Stack:
     port, scheduler_port, worker_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     log_path = tmp_dir / "pagedserve.log"
     instance_id = "itest"
     env = {**env, "PAGEDSERVE_INSTANCE_ID": instance_id, "PAGEDSERVE_REDIS_STATS_INTERVAL_S": "0.05",
            "PAGEDSERVE_REDIS_PREFIX_SYNC_INTERVAL_S": "0.2", "PAGEDSERVE_HEALTH_POLL_INTERVAL_S": "0.2",
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}", "OTEL_BSP_SCHEDULE_DELAY": "200"}
-    argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(port),
+    argv = [sys.executable, "-m", "services.cli", "serve", str(model_dir), "--port", str(port),
             "--scheduler-port", str(scheduler_port), "--worker-port", str(worker_port),
             "--metrics-port", str(metrics_port), "--redis-url", redis_server.url,
-            "--kv-cache-memory-bytes", "256MiB"]
+            "--kv-cache-memory-bytes", "256MiB", *extra_args]
     with open(log_path, "w") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
     return Stack(process, log_path, port, scheduler_port, worker_port, redis_server, collector, instance_id,

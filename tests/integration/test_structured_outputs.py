@@ -168,10 +168,29 @@ def test_a_named_tool_and_parallel_calls(client, model_name):
         model=model_name, messages=[{"role": "user", "content": "Weather in Paris and in Rome?"}], tools=TOOLS,
         tool_choice="required", temperature=0, max_tokens=300).choices[0]
     assert several.message.tool_calls and several.finish_reason in ("tool_calls", "length")
-    complete = several.message.tool_calls if several.finish_reason == "tool_calls" else \
-        several.message.tool_calls[:-1]  # a call cut by max_tokens is incomplete
-    for call in complete:
+    for call in several.message.tool_calls:  # a call cut by max_tokens is dropped, never returned half
         ARGS[call.function.name].model_validate_json(call.function.arguments)
+
+
+def test_parallel_required_calls_are_not_forced_twice_and_cut_calls_parse(client, model_name):
+    """Issue 40: with parallel calls allowed, a newline after the last call forced another (every call came back
+    twice); and a call cut by max_tokens came back with arguments that did not parse, or as markup in content."""
+    def whole(prompt: str, max_tokens: int = 150):
+        return client.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="required",
+            temperature=0, max_tokens=max_tokens).choices[0]
+
+    choices = parallel(whole, TOOL_PROMPTS)
+    for choice in choices:
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        assert calls and len(set(calls)) == len(calls), calls  # no call repeated
+    print("calls per answer:", [len(c.message.tool_calls) for c in choices])
+    cut = parallel(lambda n: whole(TOOL_PROMPTS[n % len(TOOL_PROMPTS)], 5 + n), list(range(20)))
+    for choice in cut:
+        assert not choice.message.content  # no call markup leaks into content
+        for call in choice.message.tool_calls or []:
+            ARGS[call.function.name].model_validate_json(call.function.arguments)
+    assert sum(c.finish_reason == "length" for c in cut) >= 10
 
 
 def test_a_tool_result_round_trip(client, model_name, stack):

@@ -7,9 +7,11 @@ import time
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
+from services.gateway.api.client_identity import client_key
 from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import chat_logprobs
 from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
+from services.gateway.api.request_fields import check_extra_fields
 from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
 from services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.api.serving import Serving
@@ -18,7 +20,8 @@ from services.gateway.api.sse_template import TextChunkTemplate, text_marker
 from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
 from services.gateway.api.usage import usage_of
 from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.chat_tool_calls import StreamedToolCalls, message_of
+from services.gateway.structured.chat_answer import AnswerParsing, StreamedAnswers, message_of
+from services.gateway.structured.reasoning_grammar import after_reasoning
 from services.gateway.structured.structured_outputs import Constraint, constraint_of
 from services.gateway.structured.tools import ToolPlan, template_messages, tool_constraint, tool_plan_of
 from services.gateway.text.tokenizer import ChatTemplateArgs
@@ -54,36 +57,50 @@ def _constraint(body: ChatCompletionRequest, plan: ToolPlan | None) -> Constrain
     return asked or calls
 
 
+def _with_reasoning_tokens(usage: dict, serving: Serving, reasoning_texts: list[str] | None) -> dict:
+    """usage.completion_tokens_details.reasoning_tokens: the reasoning texts' tokens (re-tokenized; the think tags
+    not counted)."""
+    if reasoning_texts is None:
+        return usage
+    num = sum(len(serving.tokenizer.encode(text, add_special_tokens=False)) for text in reasoning_texts if text)
+    return {**usage, "completion_tokens_details": {"reasoning_tokens": num}}
+
+
 async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
-    plan = tool_plan_of(body)
+    check_extra_fields(body)
+    plan = tool_plan_of(body, serving.tool_call_parser)
     functions = [tool.function for tool in body.tools or []]
     args = template_args(body, serving)
-    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args))
+    messages, tools = template_messages(body.messages, functions, serving.tokenizer.supports_tools(args),
+                                        serving.call_format(functions))
     prompt_ids = await serving.encode_chat(messages, args, tools=tools)
-    structured_output = await serving.check_constraint(_constraint(body, plan))
+    reasoning = serving.reasoning_format(args)
+    constraint = after_reasoning(_constraint(body, plan), reasoning)
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name
-                              else body.max_tokens, _num_logprobs(body), shape, structured_output)
+                              else body.max_tokens, _num_logprobs(body), shape)
+    jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     calls = plan if plan is not None and plan.parses_calls else None
+    parsing = AnswerParsing(calls, reasoning)
     response_id, created = f"chatcmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model.model_name}
     if body.stream:
         extra = {"usage": None} if body.include_usage else {}
-        streamed_calls = StreamedToolCalls(calls) if calls is not None else None
+        answers = StreamedAnswers(parsing) if parsing.active else None
         plain = {job.index: TextChunkTemplate({**base, "choices": [{"index": job.index, "delta": {
             "content": text_marker()}, "logprobs": None, "finish_reason": None}], **extra}) for job in jobs}
 
         def to_chunk(delta: ChoiceDelta) -> str | dict | list[dict]:
-            if not body.logprobs and streamed_calls is None and delta.text and delta.finish_reason is None:
+            if not body.logprobs and answers is None and delta.text and delta.finish_reason is None:
                 return plain[delta.index].render(delta.text)  # most tokens: only the text varies
             logprobs = chat_logprobs(serving.tokenizer, delta.logprobs) if body.logprobs else None
-            if streamed_calls is not None:
+            if answers is not None:
                 return [{**base, "choices": [{"index": delta.index, "delta": piece, "logprobs": logprobs if i == 0
                                               else None, "finish_reason": finish}], **extra}
-                        for i, (piece, finish) in enumerate(streamed_calls.deltas(delta.index, delta.text,
-                                                                                    delta.finish_reason))]
+                        for i, (piece, finish) in enumerate(answers.deltas(delta.index, delta.text,
+                                                                             delta.finish_reason))]
             choice = {"index": delta.index, "delta": {"content": delta.text} if delta.text else {},
                       "logprobs": logprobs, "finish_reason": delta.finish_reason}
             return {**base, "choices": [choice], **extra}
@@ -92,7 +109,9 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         head = [{**base, "choices": [{"index": job.index, "delta": {"role": "assistant",
                                                                     "content": None if forced else ""},
                                       "logprobs": None, "finish_reason": None}], **extra} for job in jobs]
-        usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
+        usage_chunk = (lambda usage: {**base, "choices": [], "usage": _with_reasoning_tokens(
+            usage, serving, answers.reasoning_texts() if reasoning and answers else None)}) \
+            if body.include_usage else None
         served_by: list[str] = []
         stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
                                             serving.admission)
@@ -101,12 +120,15 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
                                   replica_header(served_by))
     served_by = []
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
-    choices = []
+    choices, reasoning_texts = [], []
     for r in results:
-        message, finish = message_of(calls, r) if calls is not None else (
-            {"role": "assistant", "content": r.text}, r.finish_reason)
+        message, finish, thought = message_of(parsing, r) if parsing.active else (
+            {"role": "assistant", "content": r.text}, r.finish_reason, "")
+        reasoning_texts.append(thought)
         choices.append({"index": r.index, "message": message, "finish_reason": finish,
                         "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None})
     return JSONResponse({"id": response_id, "object": "chat.completion", "created": created,
-                         "model": model.model_name, "choices": choices, "usage": usage_of(results)},
+                         "model": model.model_name, "choices": choices,
+                         "usage": _with_reasoning_tokens(usage_of(results), serving,
+                                                         reasoning_texts if reasoning else None)},
                         headers={"X-Request-Id": req_id, **replica_header(served_by)})

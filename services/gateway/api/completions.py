@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
+from services.gateway.api.client_identity import client_key
 from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import completion_logprobs
 from services.gateway.api.protocol import CompletionRequest
+from services.gateway.api.request_fields import check_extra_fields
 from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
 from services.gateway.api.sampling import RequestShape, check_token_ids
 from services.gateway.api.serving import Serving
@@ -40,15 +43,39 @@ def _check_unsupported(body: CompletionRequest) -> None:
     if body.suffix is not None:
         raise OpenAIError(400, "suffix is not supported", param="suffix")
     if body.echo and body.logprobs is not None:
-        raise OpenAIError(400, "echo together with logprobs is not supported (no prompt logprobs)", param="echo")
+        raise OpenAIError(400, "echo together with logprobs is not supported: the worker returns no prompt "
+                               "logprobs", param="echo")
+    if body.max_tokens == 0 and not body.echo:
+        raise OpenAIError(400, "max_tokens must be at least 1 (0 only with echo)", param="max_tokens",
+                          code="invalid_value")
+
+
+def _echo_only(body: CompletionRequest, model_name: str, prompts: list[list[int]], echoes: list[str],
+               req_id: str) -> JSONResponse | StreamingResponse:
+    """max_tokens 0 with echo: the prompts back with no generation (the scheduler is not asked)."""
+    base = {"id": f"cmpl-{req_id}", "object": "text_completion", "created": int(time.time()), "model": model_name}
+    choices = [{"index": i * body.n + j, "text": echoes[i], "logprobs": None, "finish_reason": "length"}
+               for i in range(len(prompts)) for j in range(body.n)]
+    num_prompt_tokens = sum(len(p) for p in prompts) * body.n
+    usage = {"prompt_tokens": num_prompt_tokens, "completion_tokens": 0, "total_tokens": num_prompt_tokens}
+    if not body.stream:
+        return JSONResponse({**base, "choices": choices, "usage": usage}, headers={"X-Request-Id": req_id})
+    chunks = [{**base, "choices": [choice]} for choice in choices]
+    chunks += [{**base, "choices": [], "usage": usage}] if body.include_usage else []
+    events = [f"data: {json.dumps(chunk)}\n\n" for chunk in chunks] + ["data: [DONE]\n\n"]
+    return StreamingResponse(iter(events), media_type="text/event-stream", headers={"X-Request-Id": req_id})
 
 
 async def create_completion(body: CompletionRequest, serving: Serving, request: Request, req_id: str):
     model = serving.require_model(body.model)
+    check_extra_fields(body)
     _check_unsupported(body)
     prompts = await _prompts(body, serving)
-    structured_output = await serving.check_constraint(constraint_of(body))
-    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE, structured_output)
+    if body.max_tokens == 0:
+        return _echo_only(body, model.model_name, prompts, [serving.tokenizer.decode(p) for p in prompts], req_id)
+    constraint = constraint_of(body)
+    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
+    jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
     response_id, created = f"cmpl-{req_id}", int(time.time())
     base = {"id": response_id, "object": "text_completion", "created": created, "model": model.model_name}

@@ -25,6 +25,7 @@ class ChoiceJob:
     prompt_index: int  # which prompt it continues (completions may send several)
     request: GenerateRequest
     stop: list[str]
+    include_stop: bool = False  # the stop string that ended the choice stays in its text
 
 
 @dataclass
@@ -64,7 +65,7 @@ async def stream_choice(router: Router, tokenizer: PromptTokenizer, job: ChoiceJ
                         ) -> AsyncIterator[ChoiceDelta]:
     """The choice's deltas; the name of the replica that serves it is appended to `served_by` at its first output."""
     detokenizer = IncrementalDetokenizer(tokenizer, job.request.prompt_token_ids)
-    stops = StopStringMatcher(job.stop)
+    stops = StopStringMatcher(job.stop, job.include_stop)
     pending_logprobs: list[TokenLogprobs] = []
     async with contextlib.aclosing(router.generate(job.request, served_by)) as outputs:
         async for out in outputs:

@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible API (pydantic). Types and shape limits here; sampling value ranges are
 checked in sampling.py.
 
-Unknown fields are ignored (clients send extras through `extra_body`). Every string of a request must be valid
-Unicode (JSON's `\\ud800` escape decodes to a lone surrogate, which no tokenizer, protobuf or UTF-8 encoder takes)
-and every number finite.
+An explicit JSON null is the field's default (the OpenAI spec and vLLM accept null for optional fields). What other
+fields get (refused, accepted as no-ops, or ignored with a warning) is in request_fields.py. Every string of a
+request must be valid Unicode (JSON's `\\ud800` escape decodes to a lone surrogate, which no tokenizer, protobuf
+or UTF-8 encoder takes) and every number finite.
 """
 
 from __future__ import annotations
@@ -40,6 +41,14 @@ def lone_surrogate_path(value: Any, path: str = "") -> str | None:
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data: Any) -> Any:
+        """`"n": null` means the default, as for a field left out."""
+        if isinstance(data, dict) and None in data.values():
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 class _Request(_Body):
@@ -107,6 +116,9 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted for compatibility (OpenAI's end-user id); not used
+    priority: int | None = None  # vLLM's scheduling priority: accepted, not used yet (the tenants issue wires it)
+    include_stop_str_in_output: bool = False  # keep the stop string that ended the answer in its text (vLLM)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the prompt's last k tokens; -1: the context's
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
     response_format: ResponseFormat | None = None  # OpenAI's JSON mode / JSON schema (completions too, as vLLM)
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's constraints (json, regex, choice, grammar)
@@ -141,6 +153,16 @@ class TextPart(_Body):
     text: str
 
 
+def _text_parts_only(content: Any) -> Any:
+    """Content parts other than text (image_url, input_audio, file, ...) are refused by name: the model reads text."""
+    for i, part in enumerate(content if isinstance(content, list) else []):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind is not None and kind != "text":
+            raise ValueError(f"part {i} is of type {kind!r}: content parts other than text are not supported "
+                             f"(this model takes text only)")
+    return content
+
+
 class ToolCallFunction(_Body):
     name: str
     arguments: str  # JSON text, as the model wrote it
@@ -158,6 +180,17 @@ class ChatMessage(_Body):
     tool_calls: list[ToolCall] | None = None  # an assistant turn that called tools
     tool_call_id: str | None = None  # a tool turn: the call it answers
     name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        return _text_parts_only(content)
+
+    @field_validator("role")
+    @classmethod
+    def _developer_is_system(cls, role: str) -> str:
+        """OpenAI's `developer` role is its newer name for `system` (templates know only the latter)."""
+        return "system" if role == "developer" else role
 
     def text(self) -> str:
         if self.content is None:
@@ -198,16 +231,37 @@ class NamedToolChoice(_Body):
 
 
 class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+    model_config = ConfigDict(extra="allow")  # request_fields.py sorts the fields not declared here
+
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # None: auto with tools
     parallel_tool_calls: bool = True  # false: at most one call per answer
+    functions: list[FunctionDefinition] | None = None  # OpenAI's deprecated form of tools: mapped to them
+    function_call: Literal["none", "auto"] | NamedFunction | None = None  # ... and of tool_choice
     max_completion_tokens: int | None = None  # the newer name of max_tokens; wins when both are set
     logprobs: bool = False
     top_logprobs: int | None = None  # 0..20 alternatives per token; needs logprobs=true
 
+    @model_validator(mode="after")
+    def _functions_are_tools(self) -> ChatCompletionRequest:
+        """The deprecated `functions` / `function_call` become `tools` / `tool_choice` (not together with them)."""
+        if self.functions is None and self.function_call is None:
+            return self
+        if self.tools is not None or self.tool_choice is not None:
+            raise PydanticCustomError("legacy_and_tools", "give tools or the deprecated functions, not both",
+                                      {"param": "functions"})
+        self.tools = [Tool(type="function", function=f) for f in self.functions or []] or None
+        call = self.function_call
+        self.tool_choice = call if isinstance(call, str) or call is None else NamedToolChoice(
+            type="function", function=call)
+        self.functions = self.function_call = None
+        return self
+
 
 class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="allow")  # request_fields.py sorts the fields not declared here
+
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False  # prepend the prompt to the text
     logprobs: int | None = None  # 0..20 alternatives per token

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from services.gateway.api.generation import ChoiceJob
@@ -23,7 +23,9 @@ from services.gateway.routing.replicas import ReplicaSet
 from services.gateway.routing.router import Router, RouterConfig
 from services.gateway.routing.router_metrics import RouterMetrics
 from services.gateway.structured.grammar_check import GrammarChecker
+from services.gateway.structured.reasoning_parsers import REASONING_FORMATS, ReasoningFormat, default_reasoning_parser
 from services.gateway.structured.structured_outputs import Constraint
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
 from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import ModelDescription
@@ -100,6 +102,22 @@ class Serving:
         return str(Path(self.config.model_dir).resolve())
 
     @property
+    def tool_call_parser(self) -> str:
+        """--tool-call-parser, else the family the chat template's markup names (hermes when unclear)."""
+        return self.config.tool_call_parser or default_tool_call_parser(self.tokenizer.chat_template)
+
+    def reasoning_format(self, args: ChatTemplateArgs) -> type[ReasoningFormat] | None:
+        """--reasoning-parser (else the template's family), unless the request turned thinking off."""
+        if args.kwargs.get("enable_thinking") is False or args.kwargs.get("thinking") is False:
+            return None
+        name = self.config.reasoning_parser
+        name = default_reasoning_parser(self.tokenizer.chat_template) if name == "" else name
+        return REASONING_FORMATS[name] if name and name != "none" else None
+
+    def call_format(self, functions: list) -> ToolCallFormat:
+        return TOOL_CALL_FORMATS[self.tool_call_parser](functions)
+
+    @property
     def limits(self) -> ModelLimits:
         assert self.description is not None, "require_model() first"
         return ModelLimits(self.description.max_model_len, self.description.vocab_size)
@@ -122,15 +140,27 @@ class Serving:
         except PromptTooLong as exc:
             raise prompt_too_long(exc.num_tokens, self.limits.max_model_len, param, at_least=True) from None
 
-    async def check_constraint(self, constraint: Constraint | None) -> StructuredOutput | None:
-        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field)."""
+    async def check_constraint(self, constraint: Constraint | None, client: str = "") -> StructuredOutput | None:
+        """The constraint's grammar once it compiled within the time limit (else a 400 naming its field); `client`
+        (the caller's address) bounds how many new grammars one caller has compiling at once."""
         if constraint is None:
             return None
         if self.grammar_checker is None:
             model = self.require_model(None)
-            self.grammar_checker = GrammarChecker(self.config.model_dir, model.vocab_size, model.eos_token_ids,
-                                                  self.config.grammar_compile_timeout_s)
-        return await self.grammar_checker.check(constraint)
+            config = self.config
+            self.grammar_checker = GrammarChecker(config.model_dir, model.vocab_size, model.eos_token_ids,
+                                                  config.grammar_compile_timeout_s, config.grammar_check_workers,
+                                                  config.grammar_compiles_per_client)
+        return await self.grammar_checker.check(constraint, client)
+
+    @staticmethod
+    def with_grammar(jobs: list[ChoiceJob], structured_output: StructuredOutput | None) -> list[ChoiceJob]:
+        """The jobs with their grammar, checked after the jobs (so a request that cannot fit is refused before
+        its grammar is compiled)."""
+        if structured_output is None:
+            return jobs
+        return [replace(job, request=replace(job.request, sampling=replace(
+            job.request.sampling, structured_output=structured_output))) for job in jobs]
 
     async def close(self) -> None:
         await self.response_store.close()
@@ -148,12 +178,22 @@ class Serving:
             raise OpenAIError(400, f"a request may ask for at most {limit} choices (prompts x n), got "
                                    f"{len(prompts)} x {body.n}", param=shape.prompt_param)
         jobs = []
-        for prompt_index, prompt_ids in enumerate(prompts):
+        for prompt_index, prompt_ids in enumerate(self._truncated(prompts, body.truncate_prompt_tokens)):
             for i in range(body.n):
                 params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
                                                self.generation_defaults, self.limits, shape, structured_output)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
                 jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
-                                                                           body.cache_salt), body.stop_strings))
+                                                                           body.cache_salt), body.stop_strings,
+                                      body.include_stop_str_in_output))
         return jobs
+
+    def _truncated(self, prompts: list[list[int]], keep: int | None) -> list[list[int]]:
+        """vLLM's truncate_prompt_tokens: each prompt's last `keep` tokens (-1: as many as the context holds)."""
+        if keep is None:
+            return prompts
+        keep = self.limits.max_model_len if keep == -1 else keep
+        if keep < 1:
+            raise OpenAIError(400, "truncate_prompt_tokens must be at least 1 (or -1)", param="truncate_prompt_tokens")
+        return [p[-keep:] for p in prompts]

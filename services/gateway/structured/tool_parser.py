@@ -1,29 +1,20 @@
-"""Tool calls out of the model's text, as it streams: <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+"""Tool calls out of the model's text as it streams, in the format of the model's family (tool_parsers/).
 
-Deltas follow OpenAI's stream: a call's first delta has its index, id and name with empty arguments, the next ones
-pieces of the arguments text (as the model wrote it). Text outside the blocks is content; whitespace next to a
-block is not. A non-streamed answer is parsed by the same code fed the whole text, so streamed deltas always
-reassemble to the non-streamed result.
-
-    content | <tool_call> | {"name": "f", "arguments": | {"x": 1} | } | </tool_call> | content
-              start tag      header (name)                 arguments  the object's end   end tag
+Text outside call blocks is content; whitespace next to a block is not, and neither is any of a block's markup: a
+malformed block, or one cut by the end of the output (even inside its trigger, from its second character on), is
+dropped whole. A call is emitted once its block is
+complete, as OpenAI's deltas: its index, id and name with empty arguments, then its whole arguments (JSON that
+parses). A non-streamed answer is parsed by the same code fed the whole text, so streamed deltas always reassemble
+to the non-streamed result.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from dataclasses import dataclass
 
-from services.gateway.structured.tools import CALL_END, CALL_START
+from services.gateway.structured.tool_parsers.base import ParsedCall, ToolCallFormat
 
-_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S|$)')
-_ARGUMENTS_TAIL = re.compile(r"\s*\}?\s*$")  # may still turn out to close the call's object
-
-
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+MIN_CUT_TRIGGER = 2  # an output that ends in this much of a trigger (`<t`) was opening a call: it is dropped
 
 
 @dataclass
@@ -34,53 +25,69 @@ class ToolCallDelta:
     name: str | None = None  # on the call's first delta
 
 
-@dataclass
-class ParsedCall:
-    id: str
-    name: str
-    arguments: str = ""
-
-    def to_openai(self) -> dict:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
 class ToolCallParser:
-    def __init__(self) -> None:
+    def __init__(self, call_format: ToolCallFormat, forced: bool = False) -> None:
+        self.format = call_format
+        self._min_cut_trigger = 1 if forced else MIN_CUT_TRIGGER  # forced calls: the answer holds nothing else
         self.calls: list[ParsedCall] = []
         self.content = ""  # all content emitted so far
         self._buffer = ""  # text not emitted yet
-        self._state = "content"  # content | header | arguments
+        self._in_block = False  # the buffer starts with a call block's trigger
         self._held = ""  # trailing whitespace of the content, not emitted yet
         self._after_block = False  # the content resumes after a block: its leading whitespace is dropped
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
-        """(content, call deltas) that this text completes; `final` releases what was held back."""
+        """(content, call deltas) that this text completes; `final` releases or drops what was held back."""
         self._buffer += text
         content: list[str] = []
         deltas: list[ToolCallDelta] = []
-        handlers = {"content": self._in_content, "header": self._in_header, "arguments": self._in_arguments}
-        while handlers[self._state](content, deltas, final):
+        while self._in_call(deltas, final) if self._in_block else self._in_content(content, final):
             pass
         self.content += "".join(content)
         return "".join(content), deltas
 
-    def _in_content(self, content: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
-        start = self._buffer.find(CALL_START)
+    def _in_call(self, deltas: list[ToolCallDelta], final: bool) -> bool:
+        block = self.format.next_block(self._buffer, final)
+        if block is None:
+            return False
+        for call in block.calls:
+            self.calls.append(call)
+            deltas.append(ToolCallDelta(len(self.calls) - 1, "", call.id, call.name))
+            deltas.append(ToolCallDelta(len(self.calls) - 1, call.arguments))
+        self._buffer = self._buffer[block.consumed:]
+        self._in_block, self._after_block = False, True
+        return True
+
+    def _in_content(self, content: list[str], final: bool) -> bool:
+        at_start = not self.content and not content  # only whitespace and calls so far
+        start = self._trigger_at(at_start)
         if start >= 0:
             self._add_content(self._buffer[:start], content)
             self._held = ""  # whitespace before a block is not content
-            self._buffer = self._buffer[start + len(CALL_START):]
-            self._state = "header"
+            self._buffer = self._buffer[start:]
+            self._in_block = True
             return True
-        keep = 0 if final else _partial_suffix(self._buffer, CALL_START)
+        keep = max((_partial_suffix(self._buffer, t) for t in self.format.triggers
+                    if t not in self.format.only_at_start), default=0)
+        if final and keep < self._min_cut_trigger:
+            keep = 0
         cut = len(self._buffer) - keep
         self._add_content(self._buffer[:cut], content)
         self._buffer = self._buffer[cut:]
         if final:
-            if not self.calls:  # a plain answer keeps its text as it is
+            if not self.calls and not keep:  # a plain answer keeps its text as it is
                 content.append(self._held)
-            self._held = ""
+            self._held, self._buffer = "", ""  # a trigger cut by the end of the output is dropped
         return False
+
+    def _trigger_at(self, at_start: bool) -> int:
+        """Where the first call block opens in the buffer; -1 when none does."""
+        found = [self._buffer.find(t) for t in self.format.triggers if t not in self.format.only_at_start]
+        if at_start:
+            lead = len(self._buffer) - len(self._buffer.lstrip())
+            found += [lead for t in self.format.only_at_start if self._buffer.startswith(t, lead)]
+        found = [at for at in found if at >= 0]
+        return min(found, default=-1)
 
     def _add_content(self, text: str, content: list[str]) -> None:
         """Content up to its trailing whitespace, which waits: a block may follow (then it is dropped)."""
@@ -93,52 +100,6 @@ class ToolCallParser:
         if body:
             content.append(body)
 
-    def _in_header(self, content: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
-        match = _HEADER.match(self._buffer)
-        if match and (match.end() < len(self._buffer) or final):  # whitespace after the colon may still come
-            call = ParsedCall(new_call_id(), json.loads(f'"{match.group(1)}"'))
-            self.calls.append(call)
-            deltas.append(ToolCallDelta(len(self.calls) - 1, "", call.id, call.name))
-            self._buffer = self._buffer[match.end():]
-            self._state = "arguments"
-            return True
-        end = self._buffer.find(CALL_END)
-        if end < 0 and not final:
-            return False
-        block = self._buffer if end < 0 else self._buffer[:end]
-        self._buffer = "" if end < 0 else self._buffer[end + len(CALL_END):]
-        self._state = "content"
-        self._after_block = True
-        call = _whole_call(block) if end >= 0 else None
-        if call is None:  # not a call after all: the text is content
-            content.append(CALL_START + block + ("" if end < 0 else CALL_END))
-            return end >= 0
-        self.calls.append(call)
-        deltas.append(ToolCallDelta(len(self.calls) - 1, "", call.id, call.name))
-        deltas.append(ToolCallDelta(len(self.calls) - 1, call.arguments))
-        return True
-
-    def _in_arguments(self, content: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
-        end = self._buffer.find(CALL_END)
-        if end >= 0:
-            piece = self._buffer[:end].rstrip()
-            piece = piece[:-1].rstrip() if piece.endswith("}") else piece
-            self._buffer = self._buffer[end + len(CALL_END):]
-            self._state = "content"
-            self._after_block = True
-        elif final:
-            piece, self._buffer = self._buffer, ""
-        else:
-            partial = _partial_suffix(self._buffer, CALL_END)
-            head = self._buffer[:len(self._buffer) - partial]
-            tail = _ARGUMENTS_TAIL.search(head)
-            cut = tail.start() if tail is not None else len(head)
-            piece, self._buffer = self._buffer[:cut], self._buffer[cut:]
-        if piece:
-            self.calls[-1].arguments += piece
-            deltas.append(ToolCallDelta(len(self.calls) - 1, piece))
-        return end >= 0
-
 
 def _partial_suffix(text: str, tag: str) -> int:
     """Length of the longest end of `text` that begins `tag` (it may complete with the next text)."""
@@ -148,20 +109,9 @@ def _partial_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def _whole_call(block: str) -> ParsedCall | None:
-    """A call written in another key order: {"arguments": ..., "name": ...}."""
-    try:
-        value = json.loads(block)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    return ParsedCall(new_call_id(), value["name"], json.dumps(arguments, ensure_ascii=False))
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[ParsedCall]]:
+def parse_tool_calls(text: str, call_format: ToolCallFormat, forced: bool = False
+                     ) -> tuple[str | None, list[ParsedCall]]:
     """(content or None, calls) of a whole answer."""
-    parser = ToolCallParser()
+    parser = ToolCallParser(call_format, forced)
     parser.feed(text, final=True)
     return parser.content or None, parser.calls

@@ -1,6 +1,6 @@
 """Tools in the prompt and in the grammar: `tools`, `tool_choice`, `parallel_tool_calls`, tool turns.
 
-Calls use the Hermes / Qwen format, one per block:
+Calls use the format of the model's family (`--tool-call-parser`, tool_parsers/), Hermes / Qwen by default:
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -10,9 +10,11 @@ A chat template that knows tools gets them (and past calls and tool results) in 
 not (SmolLM2's) gets a system-prompt section listing the functions and that format, past calls as the assistant's
 text in that format, and tool results as user turns wrapped in <tool_response> tags.
 
-The grammar: `auto` leaves text free until "<tool_call>" and then forces a valid call (any named function, arguments
-matching its parameters); `required` forces one or more calls and nothing else; a named function forces exactly one
-call of it. `parallel_tool_calls: false` allows one call.
+The grammar: `auto` leaves text free until a call opens (the format's trigger) and then forces a valid call (any
+named function, arguments matching its parameters); `required` forces one or more calls and nothing else; a named
+function forces exactly one call of it. `parallel_tool_calls: false` allows one call. After the last call one
+whitespace character may come before the end: a model that writes a newline after a call is not forced into
+another call.
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from typing import Any
 from services.gateway.api.protocol import ChatCompletionRequest, ChatMessage, FunctionDefinition
 from services.gateway.http.errors import OpenAIError
 from services.gateway.structured.structured_outputs import Constraint, check_schema
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from services.gateway.structured.tool_parsers.base import NO_PARAMETERS, ToolCallFormat
 from shared.structured_output import StructuredOutput, StructuredOutputKind
 
-CALL_START, CALL_END = "<tool_call>", "</tool_call>"
-NO_PARAMETERS = {"type": "object", "properties": {}}
-MAX_WHITESPACE = 1  # JSON in a call holds at most one whitespace character in a row: no whitespace loops
+TRAILING_WHITESPACE = {"type": "regex", "pattern": "\\s?"}  # after the last call, before the end
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,16 @@ class ToolPlan:
     choice: str  # none | auto | required | named
     named: str | None  # the function a named choice forces
     parallel: bool
+    format: ToolCallFormat
 
     @property
     def parses_calls(self) -> bool:
         return self.choice != "none"
+
+    @property
+    def forced(self) -> bool:
+        """The grammar allows calls only: any text of the answer is a call's."""
+        return self.choice in ("required", "named")
 
     @property
     def finish_reason(self) -> str:
@@ -48,7 +56,7 @@ class ToolPlan:
         return "stop" if self.choice == "named" else "tool_calls"
 
 
-def tool_plan_of(body: ChatCompletionRequest) -> ToolPlan | None:
+def tool_plan_of(body: ChatCompletionRequest, parser: str = "hermes") -> ToolPlan | None:
     """None without tools; 400 for an unusable combination."""
     choice = body.tool_choice
     if not body.tools:
@@ -69,42 +77,41 @@ def tool_plan_of(body: ChatCompletionRequest) -> ToolPlan | None:
         mode, named = "named", choice.function.name
         if named not in names:
             raise OpenAIError(400, f"tool_choice names {named!r}, which is not among the tools", param="tool_choice")
-    return ToolPlan(functions, mode, named, body.parallel_tool_calls)
+    return ToolPlan(functions, mode, named, body.parallel_tool_calls, TOOL_CALL_FORMATS[parser](functions))
 
 
 def tool_constraint(plan: ToolPlan) -> Constraint | None:
     """The structural tag that makes every call valid (None for tool_choice none)."""
     if plan.choice == "none":
         return None
+    tags = [plan.format.call_tag(f) for f in plan.functions]
     if plan.choice == "named":
         function = next(f for f in plan.functions if f.name == plan.named)
-        tag_format: dict[str, Any] = _call_tag(function)
+        tag_format: dict[str, Any] = {"type": "sequence", "elements": [plan.format.call_tag(function),
+                                                                         TRAILING_WHITESPACE]}
     elif plan.choice == "required":
-        tag_format = {"type": "tags_with_separator", "tags": [_call_tag(f) for f in plan.functions],
-                      "separator": "\n", "at_least_one": True, "stop_after_first": not plan.parallel}
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": plan.format.separator,
+                 "at_least_one": True, "stop_after_first": not plan.parallel}
+        tag_format = {"type": "sequence", "elements": [calls, TRAILING_WHITESPACE]}
     else:
-        tag_format = {"type": "triggered_tags", "triggers": [CALL_START],
-                      "tags": [_call_tag(f) for f in plan.functions], "stop_after_first": not plan.parallel}
+        triggers = sorted({_trigger_of(tag["begin"], plan.format) for tag in tags})
+        tag_format = {"type": "triggered_tags", "triggers": triggers, "tags": tags,
+                      "stop_after_first": not plan.parallel}
     spec = json.dumps({"type": "structural_tag", "format": tag_format}, ensure_ascii=False)
     return Constraint(StructuredOutput(StructuredOutputKind.STRUCTURAL_TAG, spec), "tools")
 
 
-def _call_tag(function: FunctionDefinition) -> dict:
-    return {"type": "tag", "begin": f'{CALL_START}\n{{"name": {json.dumps(function.name)}, "arguments": ',
-            "content": {"type": "json_schema", "json_schema": function.parameters or NO_PARAMETERS,
-                        "max_whitespace_cnt": MAX_WHITESPACE},
-            "end": f"}}\n{CALL_END}"}
-
-
-def format_call(name: str, arguments: Any) -> str:
-    """One call as the model writes it (past calls in the prompt take this form too)."""
-    return f"{CALL_START}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CALL_END}"
+def _trigger_of(begin: str, call_format: ToolCallFormat) -> str:
+    """The text that opens a call's tag in auto mode: the format's trigger it begins with (`{"name": ` for a bare
+    JSON format, so that plain braces in the text stay free)."""
+    trigger = next(t for t in call_format.triggers if begin.startswith(t))
+    return '{"name": ' if trigger == "{" else trigger
 
 
 # --- the conversation for the chat template ------------------------------------------------------------------------
 
-def template_messages(messages: list[ChatMessage], functions: list[FunctionDefinition] | None, native_tools: bool
-                      ) -> tuple[list[dict], list[dict] | None]:
+def template_messages(messages: list[ChatMessage], functions: list[FunctionDefinition] | None, native_tools: bool,
+                      call_format: ToolCallFormat | None = None) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) for apply_chat_template: native tool fields when the template knows tools, else text."""
     has_tool_turns = any(m.role == "tool" or m.tool_calls for m in messages)
     if not functions and not has_tool_turns:
@@ -112,8 +119,9 @@ def template_messages(messages: list[ChatMessage], functions: list[FunctionDefin
     if native_tools:
         tools = [{"type": "function", "function": f.model_dump(exclude_none=True)} for f in functions or []]
         return [_native_message(m, i) for i, m in enumerate(messages)], tools or None
-    rendered = _text_messages(messages)
-    return (_with_tools_section(rendered, functions) if functions else rendered), None
+    call_format = call_format or TOOL_CALL_FORMATS["hermes"](functions or [])
+    rendered = _text_messages(messages, call_format)
+    return (_with_tools_section(rendered, functions, call_format) if functions else rendered), None
 
 
 def _native_message(message: ChatMessage, index: int) -> dict:
@@ -129,7 +137,7 @@ def _native_message(message: ChatMessage, index: int) -> dict:
     return out
 
 
-def _text_messages(messages: list[ChatMessage]) -> list[dict]:
+def _text_messages(messages: list[ChatMessage], call_format: ToolCallFormat) -> list[dict]:
     """Past calls as the assistant's text; consecutive tool results as one user turn of <tool_response> blocks."""
     out: list[dict] = []
     for i, message in enumerate(messages):
@@ -142,7 +150,7 @@ def _text_messages(messages: list[ChatMessage]) -> list[dict]:
             continue
         content = message.text()
         if message.tool_calls:
-            calls = [format_call(call.function.name, _arguments(call.function.arguments, i, j))
+            calls = [call_format.format_call(call.function.name, _arguments(call.function.arguments, i, j))
                      for j, call in enumerate(message.tool_calls)]
             content = "\n".join(([content] if content else []) + calls)
         out.append({"role": message.role, "content": content})
@@ -159,18 +167,17 @@ def _arguments(text: str, message_index: int, call_index: int) -> Any:
         raise OpenAIError(400, f"{param} is not valid JSON", param=param) from None
 
 
-def tools_section(functions: list[FunctionDefinition]) -> str:
+def tools_section(functions: list[FunctionDefinition], call_format: ToolCallFormat) -> str:
     listed = "\n".join(json.dumps({"type": "function", "function": f.model_dump(exclude_none=True)},
                                   ensure_ascii=False) for f in functions)
-    example = format_call("<function-name>", "<arguments-object>").replace('"<function-name>"', "<function-name>")
-    example = example.replace('"<arguments-object>"', "<arguments-object>")
     return ("# Tools\n\nYou may call one or more functions to help with the user's request. The functions, as JSON "
-            f"schemas:\n<tools>\n{listed}\n</tools>\n\nTo call a function, answer with a JSON object holding its "
-            f"name and arguments inside <tool_call></tool_call> tags:\n{example}")
+            f"schemas:\n<tools>\n{listed}\n</tools>\n\nTo call a function, {call_format.instruction}:\n"
+            f"{call_format.example()}")
 
 
-def _with_tools_section(messages: list[dict], functions: list[FunctionDefinition]) -> list[dict]:
-    section = tools_section(functions)
+def _with_tools_section(messages: list[dict], functions: list[FunctionDefinition], call_format: ToolCallFormat
+                        ) -> list[dict]:
+    section = tools_section(functions, call_format)
     if messages and messages[0]["role"] in ("system", "developer"):
         first = messages[0]
         return [{**first, "content": f"{first['content']}\n\n{section}" if first["content"] else section},

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 
 class StopStringMatcher:
-    def __init__(self, stops: list[str]) -> None:
+    def __init__(self, stops: list[str], include_stop: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self.include_stop = include_stop  # the stop string that ended the text stays in it (vLLM's field)
         self._held = ""
         self.stopped = False  # a stop string was found: everything after it is discarded
 
@@ -23,7 +24,8 @@ class StopStringMatcher:
         found = [(i + len(s), i) for s, i in ((s, buffer.find(s)) for s in self.stops) if i >= 0]
         if found:
             self.stopped, self._held = True, ""
-            return buffer[:min(found)[1]]
+            end, start = min(found)
+            return buffer[:end if self.include_stop else start]
         num_held = 0 if final else self._longest_partial_stop(buffer)
         self._held = buffer[len(buffer) - num_held:] if num_held else ""
         return buffer[:len(buffer) - num_held]

@@ -76,7 +76,7 @@ from shared.structured_output import StructuredOutput, StructuredOutputKind
 async def main():
     checker = GrammarChecker({str(MODEL_DIR)!r}, 49152, (2,), timeout_s=600)
     await checker.check(Constraint(StructuredOutput(StructuredOutputKind.REGEX, "x"), "x"))
-    print(checker._child.pid, flush=True)
+    print(checker.children[0].process.pid, flush=True)
     slow = Constraint(StructuredOutput(StructuredOutputKind.JSON_SCHEMA, {json.dumps(json.dumps(slow_schema()))}), "x")
     task = asyncio.create_task(checker.check(slow))
     await asyncio.sleep(1)
@@ -106,7 +106,7 @@ def test_a_grammar_the_engine_dies_on_is_refused_and_the_checker_recovers():
         checker = GrammarChecker(str(MODEL_DIR), 49152, (2,), timeout_s=600)
         try:
             await checker.check(constraint(StructuredOutputKind.REGEX, "x"))  # child started
-            child = checker._child
+            child = checker.children[0].process
             fatal = asyncio.create_task(checker.check(constraint(
                 StructuredOutputKind.JSON_SCHEMA, json.dumps(slow_schema()), "response_format.json_schema")))
             await asyncio.sleep(1)
@@ -116,6 +116,80 @@ def test_a_grammar_the_engine_dies_on_is_refused_and_the_checker_recovers():
             assert info.value.status == 400 and info.value.param == "response_format.json_schema"
             assert "failed on this grammar" in info.value.message
             assert await checker.check(constraint(StructuredOutputKind.REGEX, "y"))  # a fresh child answers
+        finally:
+            await checker.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_grammar_that_matches_nothing_is_refused():
+    """Issue 40: `root ::= root` and `[^\\s\\S]` were dropped by the worker and answered with free text."""
+    async def scenario() -> None:
+        checker = GrammarChecker(str(MODEL_DIR), 49152, (2,), timeout_s=60)
+        try:
+            for c in (constraint(StructuredOutputKind.GRAMMAR, "root ::= root", "structured_outputs.grammar"),
+                      constraint(StructuredOutputKind.REGEX, r"[^\s\S]", "guided_regex")):
+                with pytest.raises(OpenAIError) as info:
+                    await checker.check(c)
+                assert info.value.param == c.param and "matches no text" in info.value.message
+            assert await checker.check(constraint(StructuredOutputKind.GRAMMAR, 'root ::= "a" | ""'))
+        finally:
+            await checker.close()
+
+    asyncio.run(scenario())
+
+
+FAKE_CHILD = [sys.executable, "-m", "tests.unit.gateway.structured.fake_grammar_child"]
+
+
+def test_slow_grammars_cannot_stall_another_clients_benign_one():
+    """Three grammars that never finish compiling, sent in a row by one client, are each refused at the limit;
+    meanwhile another client's benign grammar compiles within 2 s. The fake child sleeps on specs holding "slow",
+    so this holds on any machine."""
+    async def scenario() -> None:
+        checker = GrammarChecker("", 0, (), timeout_s=3, num_children=2, per_client=1, command=FAKE_CHILD)
+        try:
+            await checker.check(constraint(StructuredOutputKind.REGEX, "warm"), client="b")  # one child started
+
+            async def attacker() -> list[float]:
+                times = []
+                for i in range(3):
+                    start_s = time.monotonic()
+                    with pytest.raises(OpenAIError) as info:
+                        await checker.check(constraint(StructuredOutputKind.REGEX, f"slow {i}"), client="a")
+                    assert "did not compile within 3 s" in info.value.message
+                    times.append(time.monotonic() - start_s)
+                return times
+
+            attack = asyncio.create_task(attacker())
+            await asyncio.sleep(0.5)
+            benign_times = []
+            for i in range(3):
+                start_s = time.monotonic()
+                assert await checker.check(constraint(StructuredOutputKind.REGEX, f"benign {i}"), client="b")
+                benign_times.append(time.monotonic() - start_s)
+                await asyncio.sleep(1)
+            slow_times = await attack
+            assert max(benign_times) < 2, benign_times
+            assert all(3 <= t < 3 + 2.5 for t in slow_times), slow_times  # cut at the limit, slot freed at once
+            repeat_s = time.monotonic()
+            with pytest.raises(OpenAIError):  # a refused grammar sent again: refused from the cache
+                await checker.check(constraint(StructuredOutputKind.REGEX, "slow 0"), client="a")
+            assert time.monotonic() - repeat_s < 0.5
+            assert len(checker.children) <= 2
+        finally:
+            await checker.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_grammar_asked_for_at_once_is_compiled_once():
+    async def scenario() -> None:
+        checker = GrammarChecker("", 0, (), timeout_s=10, command=FAKE_CHILD)
+        try:
+            same = constraint(StructuredOutputKind.REGEX, "pause 0.5")
+            results = await asyncio.gather(*(checker.check(same, client=str(i)) for i in range(4)))
+            assert all(r == same.structured for r in results) and checker.num_compiles == 1
         finally:
             await checker.close()
 

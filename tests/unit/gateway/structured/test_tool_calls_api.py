@@ -30,7 +30,7 @@ class PassingChecker:
     def __init__(self) -> None:
         self.checked: list[Constraint] = []
 
-    async def check(self, constraint: Constraint) -> StructuredOutput:
+    async def check(self, constraint: Constraint, client: str = "") -> StructuredOutput:
         self.checked.append(constraint)
         return constraint.structured
 

@@ -8,7 +8,10 @@ import pytest
 
 from services.gateway.api.protocol import ChatCompletionRequest
 from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.tools import format_call, template_messages, tool_constraint, tool_plan_of
+from services.gateway.structured.tool_parser import parse_tool_calls
+from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from services.gateway.structured.tool_parsers.hermes import HermesFormat
+from services.gateway.structured.tools import template_messages, tool_constraint, tool_plan_of
 from services.gpu_worker.grammar import RequestGrammar
 from shared.grammar_cache import GrammarCache
 from tests.unit.gateway.conftest import MODEL_DIR
@@ -24,6 +27,9 @@ ROUND_TRIP = [{"role": "user", "content": "Weather in Paris?"},
               {"role": "tool", "tool_call_id": "call_2", "content": "sunny"}]
 
 
+format_call = HermesFormat([]).format_call
+
+
 def chat(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
 
@@ -35,8 +41,8 @@ def grammars():
     cache.close()
 
 
-def accepts(grammars: GrammarCache, body: ChatCompletionRequest, text: str) -> bool:
-    matcher = RequestGrammar.start(grammars.get(tool_constraint(tool_plan_of(body)).structured), []).matcher
+def accepts(grammars: GrammarCache, body: ChatCompletionRequest, text: str, parser: str = "hermes") -> bool:
+    matcher = RequestGrammar.start(grammars.get(tool_constraint(tool_plan_of(body, parser)).structured), []).matcher
     return matcher.accept_string(text) and matcher.is_completed()
 
 
@@ -118,4 +124,30 @@ def test_tool_grammar_json_is_compact(grammars):
     assert not accepts(grammars, body, '<tool_call>\n{"name": "get_weather", "arguments": {  "city": "P"}}\n'
                                        "</tool_call>")
     spec = json.loads(tool_constraint(tool_plan_of(body)).structured.spec)
-    assert spec["format"]["type"] == "tags_with_separator" and spec["format"]["at_least_one"]
+    calls = spec["format"]["elements"][0]
+    assert calls["type"] == "tags_with_separator" and calls["at_least_one"]
+
+
+def test_a_newline_after_the_last_call_does_not_force_another_call(grammars):
+    """Issue 40: `required` with parallel calls returned every call twice, as a newline forced another call."""
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        body = chat(tools=[WEATHER, TIME], tool_choice=choice)
+        assert accepts(grammars, body, format_call("get_weather", {"city": "Paris"}) + "\n")
+        assert not accepts(grammars, body, format_call("get_weather", {"city": "Paris"}) + "\n\n")  # no loops
+
+
+@pytest.mark.parametrize("parser", sorted(TOOL_CALL_FORMATS))
+def test_each_family_grammar_admits_its_calls_and_the_parser_reads_them_back(grammars, parser):
+    call_format = TOOL_CALL_FORMATS[parser](tool_plan_of(chat(tools=[WEATHER, TIME])).functions)
+    weather, time = call_format.format_call("get_weather", {"city": "Paris"}), call_format.format_call("get_time", {})
+    two = weather + call_format.separator + time
+    required = chat(tools=[WEATHER, TIME], tool_choice="required")
+    assert accepts(grammars, required, weather, parser) and accepts(grammars, required, two, parser)
+    assert not accepts(grammars, required, "Sure. " + weather, parser)
+    named = chat(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert accepts(grammars, named, time, parser) and not accepts(grammars, named, weather, parser)
+    auto = chat(tools=[WEATHER, TIME])
+    assert accepts(grammars, auto, "It is sunny.", parser)
+    content, calls = parse_tool_calls(two, call_format)
+    assert content is None and [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {})]
