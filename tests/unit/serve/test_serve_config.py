@@ -110,7 +110,7 @@ def test_environment_reaches_serve_and_flags_beat_it():
     ([MODEL, "--max-num-seqs", "0"], "max_num_seqs must be positive"),
     ([MODEL, "--log-level", "loud"], "--log-level: expected one of debug, info, warning, error"),
     ([MODEL, "--dtype", "float8"], "--dtype: expected one of auto, float32, bfloat16, float16"),
-    ([MODEL, "--tensor-parallel-size", "2"], "unrecognized arguments: --tensor-parallel-size"),
+    ([MODEL, "--pipeline-parallel-size", "2"], "unrecognized arguments: --pipeline-parallel-size"),
     ([MODEL, "--no-enable-prefix-caching=true"], "--no-enable-prefix-caching takes no value"),
     ([], "model_dir is required"),
 ])
