@@ -24,6 +24,8 @@ class GenerateRequest:
     sampling: SamplingParams
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
     arrival_time_s: float = field(default_factory=time.time)
+    priority: int = 0  # lower is served sooner (vLLM's convention); the gateway bounds it by the tenant's class
+    tenant: str = ""  # the tenant's name from the gateway's keys file ("" when unknown)
 
 
 @dataclass

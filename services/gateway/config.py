@@ -32,6 +32,11 @@ class GatewayConfig:
     routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
+    # Tenants: a YAML or JSON file mapping API keys to tenants and their limits (docs/tenants.md); reloaded when it
+    # changes. With --api-key too, that key is one more tenant ("default"). Rate limits are shared through
+    # --redis-url when set (per gateway otherwise, and while Redis is down).
+    api_keys_file: str = ""
+    api_keys_poll_interval_s: float = 1.0  # how often the keys file's modification time is checked
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's
     trust_request_chat_template: bool = False  # let requests bring their own `chat_template` (vLLM's flag)
@@ -48,6 +53,13 @@ class GatewayConfig:
     health_timeout_s: float = 2.0  # a health check slower than this counts as down (a hung replica leaves routing)
     scheduler_timeout_s: float = 5.0  # deadline of the small unary calls (stats, describe, health)
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
+    max_header_bytes: int = 64 * 1024  # a request head (request line + headers) larger than this gets 431 at once
+    max_headers: int = 100  # a request with more header fields gets 431
+    header_timeout_s: float = 10.0  # a request head not complete this long after its first byte: 408, closed
+    body_timeout_s: float = 30.0  # a request body not complete this long after its head: 408, closed
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
+    max_connections: int = 4096  # open connections at most; beyond, new requests get 503 (uvicorn's limit)
+    max_connections_per_client: int = 256  # open connections from one client address at most; beyond, closed
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: LogLevel = "info"  # debug, info, warning, error
@@ -58,11 +70,15 @@ class GatewayConfig:
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
-        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests"):
+        for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
+                     "max_header_bytes", "max_headers", "max_connections", "max_connections_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s", "api_keys_poll_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.stream_stall_timeout_s <= 0:
             raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")
         parse_targets(self.scheduler_address)  # a ValueError naming the bad entry

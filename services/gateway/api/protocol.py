@@ -108,6 +108,7 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None  # accepted for compatibility (OpenAI's end-user id); not used
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
+    priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)  # vLLM's: lower is sooner; bounded by the tenant
     response_format: ResponseFormat | None = None  # OpenAI's JSON mode / JSON schema (completions too, as vLLM)
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's constraints (json, regex, choice, grammar)
     guided_json: dict[str, Any] | str | None = None  # vLLM's names before structured_outputs (removed in its 0.12)

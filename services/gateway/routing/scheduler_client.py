@@ -25,6 +25,17 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_recon
                     ("grpc.max_reconnect_backoff_ms", 2000)]
 
 
+def with_tenant(pb, request: GenerateRequest):
+    """`pb` with the request's priority and tenant set, where its message type has those fields (a scheduler
+    contract that predates them gets neither)."""
+    fields = pb.DESCRIPTOR.fields_by_name
+    if "priority" in fields:
+        pb.priority = request.priority
+    if "tenant" in fields:
+        pb.tenant = request.tenant
+    return pb
+
+
 class SchedulerClient:
     def __init__(self, address: str, timeout_s: float, health_timeout_s: float | None = None,
                  internal_token: str = "") -> None:
@@ -45,7 +56,8 @@ class SchedulerClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs until it finishes. Closing the iterator early cancels the call, which aborts the
         request in the scheduler and frees its blocks. Raises grpc.aio.AioRpcError."""
-        call = self.stub.Generate(generate_request_to_pb(request), metadata=(*outgoing_metadata(), *self.auth))
+        call = self.stub.Generate(with_tenant(generate_request_to_pb(request), request),
+                                  metadata=(*outgoing_metadata(), *self.auth))
         self._calls.add(call)
         try:
             async for chunk in call:
