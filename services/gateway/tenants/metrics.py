@@ -10,10 +10,11 @@ LIMIT_KINDS = ("requests", "tokens", "concurrency")
 
 class TenantMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("pagedserve_gateway_tenant_requests", "generation requests admitted, by tenant", ["tenant"],
-                                registry=registry)
-        self.tokens = Counter("pagedserve_gateway_tenant_tokens", "tokens served, by tenant and kind (prompt, generated)",
-                              ["tenant", "kind"], registry=registry)
+        self.requests = Counter("pagedserve_gateway_tenant_requests", "generation requests admitted, by tenant",
+                                ["tenant"], registry=registry)
+        self.tokens = Counter("pagedserve_gateway_tenant_tokens",
+                              "tokens served, by tenant and kind (prompt, generated)", ["tenant", "kind"],
+                              registry=registry)
         self.rate_limited = Counter("pagedserve_gateway_tenant_rate_limited",
                                     "requests refused (429) by a tenant limit, by tenant and limit "
                                     "(requests, tokens, concurrency)", ["tenant", "limit"], registry=registry)

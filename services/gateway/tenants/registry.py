@@ -31,17 +31,13 @@ class TenantRegistry:
         self.poll_interval_s = poll_interval_s
         self.on_reload: list[Callable[[KeyTable], None]] = []
         self._mtime_ns: int | None = None
+        self._api_key = api_key
+        self.open_tenant = Tenant(DEFAULT_TENANT)  # every request's tenant when no key is needed
         self.table: KeyTable | None = None  # None: no key needed
         if keys_file:
             self.table = self._load()
-            if api_key:  # --api-key beside a keys file: one more tenant, the default one
-                extra = single_key_table(api_key)
-                self.table = KeyTable({**extra.by_digest, **self.table.by_digest}, (*self.table.tenants,
-                                                                                     *extra.tenants))
         elif api_key:
             self.table = single_key_table(api_key)
-        self.open_tenant = Tenant(DEFAULT_TENANT)  # every request's tenant when no key is needed
-        self._api_key = api_key
 
     @property
     def auth_required(self) -> bool:
@@ -62,10 +58,14 @@ class TenantRegistry:
         return self.table.lookup(key.strip())
 
     def _load(self) -> KeyTable:
+        """The keys file's table, plus --api-key as the default tenant when both are given."""
         self._mtime_ns = os.stat(self.keys_file).st_mtime_ns
         table = load_keys_file(self.keys_file)
         log.info("keys file %s: %d tenant(s), %d key(s)", self.keys_file, len(table.tenants), len(table.by_digest))
-        return table
+        if not self._api_key:
+            return table
+        extra = single_key_table(self._api_key)
+        return KeyTable({**extra.by_digest, **table.by_digest}, (*table.tenants, *extra.tenants))
 
     def reload_if_changed(self) -> bool:
         """Reload the keys file when its modification time changed; True when a new table is in force."""
@@ -76,9 +76,6 @@ class TenantRegistry:
         except (OSError, KeysFileError) as exc:
             log.error("keys file %s not reloaded, the previous keys stay in force: %s", self.keys_file, exc)
             return False
-        if self._api_key:
-            extra = single_key_table(self._api_key)
-            table = KeyTable({**extra.by_digest, **table.by_digest}, (*table.tenants, *extra.tenants))
         self.table = table
         for callback in self.on_reload:
             callback(table)
