@@ -8,6 +8,7 @@ from typing import Literal
 from services.gateway.http.cors import parse_list
 from services.gateway.routing.policy import RoutingPolicy
 from services.gateway.routing.replica_addresses import parse_targets
+from services.gateway.tenants.keys_file import load_keys_file
 from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
@@ -70,6 +71,8 @@ class GatewayConfig:
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
+        if self.api_keys_file:
+            load_keys_file(self.api_keys_file)  # a KeysFileError (a ValueError) naming the fault, never a key
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
                      "max_header_bytes", "max_headers", "max_connections", "max_connections_per_client"):
             if getattr(self, name) < 1:

@@ -87,3 +87,12 @@ def test_without_keys_every_request_is_the_open_default_tenant():
     registry = TenantRegistry()
     assert not registry.auth_required
     assert registry.authenticate(b"").name == DEFAULT_TENANT and registry.tenant_names == (DEFAULT_TENANT,)
+
+
+def test_the_kubernetes_secret_example_holds_a_valid_keys_file(tmp_path):
+    import yaml
+
+    secret = yaml.safe_load(open("deploy/k8s/examples/api-keys-secret.yaml"))
+    path = tmp_path / "keys.yaml"
+    path.write_text(secret["stringData"]["keys.yaml"])
+    assert [t.name for t in load_keys_file(path).tenants] == ["team-a", "batch-jobs"]
