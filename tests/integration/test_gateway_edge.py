@@ -167,3 +167,31 @@ def test_one_clients_connections_are_capped(gateway):
             sock.close()
     time.sleep(0.3)
     assert httpx.get(gateway.base_url + "/health", timeout=2).status_code == 200
+
+
+def test_eight_concurrent_100mb_headers_leave_rss_flat_and_normal_requests_served(gateway):
+    rss_before = gateway.rss_bytes()
+    statuses: list[int | None] = []
+    chunk = b"a" * (1024 * 1024)
+
+    def flood() -> None:
+        sock = connect(gateway.port)
+        try:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            for _ in range(100):
+                sock.sendall(chunk)
+        except OSError:
+            pass  # refused and closed long before the 100 MB were sent
+        statuses.append(read_status(sock))
+        sock.close()
+
+    threads = [threading.Thread(target=flood) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    normal = [httpx.post(gateway.base_url + "/v1/chat/completions", json=CHAT, timeout=5).status_code
+              for _ in range(5)]
+    for thread in threads:
+        thread.join(30)
+    assert normal == [200] * 5
+    assert all(status in (431, None) for status in statuses) and 431 in statuses
+    assert gateway.rss_bytes() - rss_before < 100 * 1024**2
