@@ -24,8 +24,9 @@ class GenerateRequest:
     sampling: SamplingParams
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
     arrival_time_s: float = field(default_factory=time.time)
-    priority: int = 0  # lower is more urgent (vLLM's convention); the scheduler serves more urgent requests first
-    tenant: str = ""  # who sent it ("": the one default tenant); the scheduler shares steps fairly between tenants
+    priority: int = 0  # lower is more urgent (vLLM's convention); the gateway bounds it by the tenant's class
+    tenant: str = ""  # the tenant's name from the gateway's keys file ("": the one default tenant); steps are shared
+    # fairly between tenants
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to others (> 0)
 
 

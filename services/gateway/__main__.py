@@ -13,6 +13,7 @@ from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.http.drain import DrainingServer
+from services.gateway.http.edge import EdgeLimits, edge_protocol
 from services.gateway.routing.prefix_mirror import PrefixMirror
 from services.gateway.routing.replica_addresses import parse_targets
 from services.gateway.routing.replicas import ReplicaSet
@@ -24,6 +25,16 @@ from shared.drain_timing import CUT_GRACE_S
 from shared.log_setup import setup_logging
 from shared.model_dir import model_dir_problem
 from shared.tracing import setup_tracing, shutdown_tracing
+
+
+def uvicorn_edge_options(config: GatewayConfig) -> dict:
+    """uvicorn's options for the HTTP edge: the bounded httptools protocol (or h11 with its head-size bound), the
+    idle keep-alive timeout and the connection cap."""
+    limits = EdgeLimits(config.max_header_bytes, config.max_headers, config.header_timeout_s, config.body_timeout_s,
+                        config.max_connections_per_client)
+    http = edge_protocol(limits) if config.http == "httptools" else config.http
+    return {"http": http, "h11_max_incomplete_event_size": config.max_header_bytes,
+            "timeout_keep_alive": config.keep_alive_timeout_s, "limit_concurrency": config.max_connections}
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -44,13 +55,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     replicas = ReplicaSet(parse_targets(config.scheduler_address),
                           lambda address: SchedulerClient(address, config.scheduler_timeout_s, config.health_timeout_s,
                                                           config.internal_token),
-                          config.health_poll_interval_s, config.scheduler_resolve_interval_s)
+                          config.health_poll_interval_s, config.scheduler_resolve_interval_s,
+                          health_timeout_s=config.health_timeout_s)
     mirror = PrefixMirror(config.redis_url) if config.redis_url and config.routing == "prefix" else None
     serving = Serving(config, tokenizer, replicas, load_generation_defaults(config.model_dir), mirror=mirror)
     app = create_app(serving, instrument=tracing)
     server = DrainingServer(uvicorn.Config(app, host=config.host, port=config.port, log_level=config.log_level,
-                                           loop=config.loop, http=config.http, log_config=None,
-                                           timeout_graceful_shutdown=CUT_GRACE_S),
+                                           loop=config.loop, log_config=None, timeout_graceful_shutdown=CUT_GRACE_S,
+                                           **uvicorn_edge_options(config)),
                             serving.admission, config.drain_timeout_s)
     try:
         server.run()

@@ -1,17 +1,17 @@
-"""The FastAPI app: routes, API-key check, request counting. Endpoint logic lives in chat.py / completions.py."""
+"""The FastAPI app: its routes and middleware stack (the tenant gate authenticates, limits and counts). Endpoint
+logic lives in chat.py / completions.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import re
-import time
 import uuid
 from importlib import metadata
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.routing import Match
 
 from services.gateway.api.chat import create_chat_completion, template_args
 from services.gateway.api.completions import create_completion
@@ -22,11 +22,11 @@ from services.gateway.api.serving import Serving
 from services.gateway.http.admission import AdmissionGate, draining_error
 from services.gateway.http.body_limit import BodyLimit
 from services.gateway.http.cors import add_cors
-from services.gateway.http.errors import ErrorBoundary, OpenAIError, error_response, install_error_handlers
+from services.gateway.http.errors import ErrorBoundary, OpenAIError, install_error_handlers
 from services.gateway.structured.tools import template_messages
+from services.gateway.tenants.gate import UNMATCHED, RouteOf, TenantGate
 
 _REQ_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # safe inside Redis keys and span attributes
-_PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 def _version() -> str:
@@ -58,13 +58,14 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=serving.config.max_body_bytes)
     app.add_middleware(AdmissionGate, admission=serving.admission, shed_counter=serving.metrics.shed_requests)
-    app.add_middleware(AuthAndCount, serving=serving)
+    app.add_middleware(TenantGate, registry=serving.tenants, limiter=serving.limiter, metrics=serving.metrics,
+                       tenant_metrics=serving.tenant_metrics, route_of=route_of(app))
     app.add_middleware(ErrorBoundary)  # the outermost of ours but CORS
     config = serving.config
     add_cors(app, config.allowed_origins, config.allowed_methods, config.allowed_headers, config.allow_credentials)
     _add_routes(app, serving)
     add_responses_routes(app, serving, request_id)
-    install_openapi(app, config.max_num_choices, lambda: serving.description, api_key=bool(config.api_key))
+    install_openapi(app, config.max_num_choices, lambda: serving.description, api_key=serving.tenants.auth_required)
     if instrument:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
@@ -72,52 +73,20 @@ def create_app(serving: Serving, instrument: bool = False) -> FastAPI:
     return app
 
 
-class AuthAndCount:
-    """Pure ASGI middleware (it leaves `receive` alone, so disconnects stay visible): API key, HTTP metrics."""
+def route_of(app: FastAPI) -> RouteOf:
+    """A scope's route template (bounded label values): the matched route's, else the first route the path and
+    method fully match (a request refused before routing), else 'unmatched'."""
 
-    def __init__(self, app, serving: Serving) -> None:
-        self.app = app
-        self.serving = serving
+    def route_template(scope) -> str:
+        route = scope.get("route")
+        if route is not None:
+            return route.path
+        for candidate in app.router.routes:
+            if candidate.matches(scope)[0] is Match.FULL:
+                return candidate.path
+        return UNMATCHED
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        api_key, metrics = self.serving.config.api_key, self.serving.metrics
-        if api_key and scope["path"].startswith(_PROTECTED_PREFIXES) and not _has_key(scope, api_key):
-            metrics.http_requests.labels(scope["path"], "401").inc()
-            response = error_response(OpenAIError(401, "Incorrect or missing API key: pass 'Authorization: "
-                                                       "Bearer <key>'", code="invalid_api_key"))
-            await response(scope, receive, send)
-            return
-        start_s, status, first_byte = time.perf_counter(), ["500"], [True]
-
-        async def send_and_measure(message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = str(message["status"])
-            elif message["type"] == "http.response.body" and first_byte[0]:
-                first_byte[0] = False
-                metrics.http_time_to_first_byte.labels(_route(scope)).observe(time.perf_counter() - start_s)
-            await send(message)
-
-        metrics.http_requests_in_flight.inc()
-        try:
-            await self.app(scope, receive, send_and_measure)
-        finally:
-            metrics.http_requests_in_flight.dec()
-            metrics.http_requests.labels(_route(scope), status[0]).inc()
-            metrics.http_request_duration.labels(_route(scope)).observe(time.perf_counter() - start_s)
-
-
-def _route(scope) -> str:
-    """The matched route's path template (bounded label values), or 'unmatched'."""
-    route = scope.get("route")
-    return route.path if route else "unmatched"
-
-
-def _has_key(scope, api_key: str) -> bool:
-    given = dict(scope["headers"]).get(b"authorization", b"")
-    return hmac.compare_digest(given, f"Bearer {api_key}".encode())
+    return route_template
 
 
 def _add_routes(app: FastAPI, serving: Serving) -> None:

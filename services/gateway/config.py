@@ -10,6 +10,7 @@ from services.gateway.routing.policy import RoutingPolicy
 from services.gateway.routing.replica_addresses import parse_targets
 from services.gateway.structured.reasoning_parsers import REASONING_FORMATS
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from services.gateway.tenants.keys_file import load_keys_file
 from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
@@ -34,6 +35,11 @@ class GatewayConfig:
     routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
+    # Tenants: a YAML or JSON file mapping API keys to tenants and their limits (docs/tenants.md); reloaded when it
+    # changes. With --api-key too, that key is one more tenant ("default"). Rate limits are shared through
+    # --redis-url when set (per gateway otherwise, and while Redis is down).
+    api_keys_file: str = ""
+    api_keys_poll_interval_s: float = 1.0  # how often the keys file's modification time is checked
     max_num_choices: int = 16  # upper bound on `n`, and on prompts x n (each choice is one scheduler request)
     chat_template: str | None = None  # a Jinja chat template, or a file holding one; default: the model folder's
     trust_request_chat_template: bool = False  # let requests bring their own `chat_template` (vLLM's flag)
@@ -56,6 +62,13 @@ class GatewayConfig:
     grammar_compile_timeout_s: float = 10.0  # a response_format / tools grammar compiling longer is refused (400)
     grammar_check_workers: int = 2  # child processes compiling new grammars side by side
     grammar_compiles_per_client: int = 1  # new grammars one client (address) may have compiling at once
+    max_header_bytes: int = 64 * 1024  # a request head (request line + headers) larger than this gets 431 at once
+    max_headers: int = 100  # a request with more header fields gets 431
+    header_timeout_s: float = 10.0  # a request head not complete this long after its first byte: 408, closed
+    body_timeout_s: float = 30.0  # a request body not complete this long after its head: 408, closed
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this long
+    max_connections: int = 4096  # open connections at most; beyond, new requests get 503 (uvicorn's limit)
+    max_connections_per_client: int = 256  # open connections from one client address at most; beyond, closed
     loop: Loop = "uvloop"  # the event loop: uvloop or asyncio (the standard library's)
     http: HttpParser = "httptools"  # uvicorn's HTTP/1.1 parser: httptools (C) or h11 (pure Python; more CPU a token)
     log_level: LogLevel = "info"  # debug, info, warning, error
@@ -72,14 +85,19 @@ class GatewayConfig:
                              f"{self.reasoning_parser!r}")
         if self.chat_template:
             load_chat_template(self.chat_template)  # a ValueError when it is neither a file nor a template
+        if self.api_keys_file:
+            load_keys_file(self.api_keys_file)  # a KeysFileError (a ValueError) naming the fault, never a key
         for name in ("max_num_choices", "max_body_bytes", "tokenizer_threads", "max_open_requests",
-                     "responses_store_max_bytes", "grammar_check_workers", "grammar_compiles_per_client"):
+                     "responses_store_max_bytes", "grammar_check_workers", "grammar_compiles_per_client",
+                     "max_header_bytes", "max_headers", "max_connections", "max_connections_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"drain_timeout_s must not be negative, got {self.drain_timeout_s}")
-        if self.responses_store_ttl_s <= 0:
-            raise ValueError(f"responses_store_ttl_s must be positive, got {self.responses_store_ttl_s}")
+        for name in ("responses_store_ttl_s", "header_timeout_s", "body_timeout_s", "keep_alive_timeout_s",
+                     "api_keys_poll_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.stream_stall_timeout_s <= 0:
             raise ValueError(f"stream_stall_timeout_s must be positive, got {self.stream_stall_timeout_s}")
         parse_targets(self.scheduler_address)  # a ValueError naming the bad entry

@@ -120,6 +120,7 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False  # keep the stop string that ended the answer in its text (vLLM)
     truncate_prompt_tokens: int | None = Field(None, ge=-1)  # keep the prompt's last k tokens; -1: the context's
     cache_salt: str | None = None  # separates prefix-cache entries between tenants
+    priority: int | None = Field(None, ge=-(2**31), le=2**31 - 1)  # vLLM's: lower is sooner; bounded by the tenant
     response_format: ResponseFormat | None = None  # OpenAI's JSON mode / JSON schema (completions too, as vLLM)
     structured_outputs: StructuredOutputsParams | None = None  # vLLM's constraints (json, regex, choice, grammar)
     guided_json: dict[str, Any] | str | None = None  # vLLM's names before structured_outputs (removed in its 0.12)

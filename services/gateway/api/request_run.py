@@ -21,6 +21,7 @@ from services.gateway.api.generation import (
 )
 from services.gateway.api.serving import Serving
 from services.gateway.api.usage import UsageTracker
+from services.gateway.tenants.current import current_tenant
 from shared.tracing import gen_ai_request_attributes, get_tracer, record_error
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # endpoint -> gen_ai.operation.name
@@ -42,6 +43,7 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
     span = get_tracer().start_span(f"{operation} {model_name}", attributes={
         "req_id": req_id, "gen_ai.operation.name": operation, "gen_ai.provider.name": "pagedserve",
         "gen_ai.request.model": model_name, "gen_ai.request.choice.count": len(jobs),
+        "pagedserve.tenant": jobs[0].request.tenant, "pagedserve.priority": jobs[0].request.priority,
         **gen_ai_request_attributes(jobs[0].request.sampling)})
     finish_reasons: list[str] = []
     with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -58,7 +60,8 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
             raise
         finally:
             span.set_attribute("pagedserve.replicas", ",".join(dict.fromkeys(served_by)))
-        usage = tracker.usage()
+            usage = tracker.usage()
+            serving.spend_tokens(current_tenant(), usage["prompt_tokens"], usage["completion_tokens"])
         span.set_attributes({"gen_ai.response.model": model_name, "gen_ai.response.finish_reasons": finish_reasons,
                              "gen_ai.usage.input_tokens": usage["prompt_tokens"],
                              "gen_ai.usage.output_tokens": usage["completion_tokens"],

@@ -26,6 +26,11 @@ from services.gateway.structured.grammar_check import GrammarChecker
 from services.gateway.structured.reasoning_parsers import REASONING_FORMATS, ReasoningFormat, default_reasoning_parser
 from services.gateway.structured.structured_outputs import Constraint
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
+from services.gateway.tenants.current import current_tenant
+from services.gateway.tenants.keys_file import Tenant
+from services.gateway.tenants.metrics import TenantMetrics
+from services.gateway.tenants.rate_limit import RateLimiter
+from services.gateway.tenants.registry import TenantRegistry
 from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
 from shared.request_io import GenerateRequest
 from shared.step_protocol import ModelDescription
@@ -47,6 +52,9 @@ class Serving:
     created: int = field(default_factory=lambda: int(time.time()))  # /v1/models `created`: when this gateway started
     grammar_checker: GrammarChecker | None = None  # started with the first constrained request
     response_store: ResponseStore = field(init=False)  # the Responses API's stored responses
+    tenants: TenantRegistry = field(init=False)  # keys -> tenants (raises KeysFileError on a bad keys file)
+    limiter: RateLimiter = field(init=False)
+    tenant_metrics: TenantMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
@@ -57,6 +65,12 @@ class Serving:
         self.metrics.registry.register(ReplicaStateCollector(self.router))
         self.response_store = open_store(self.config.redis_url, self.config.responses_store_ttl_s,
                                          self.config.responses_store_max_bytes, self.metrics.registry)
+        self.tenants = TenantRegistry(self.config.api_keys_file, self.config.api_key,
+                                      self.config.api_keys_poll_interval_s)
+        self.tenant_metrics = TenantMetrics(self.metrics.registry)
+        self.tenant_metrics.declare(self.tenants.tenant_names)
+        self.tenants.on_reload.append(lambda table: self.tenant_metrics.declare(self.tenants.tenant_names))
+        self.limiter = RateLimiter(self.config.redis_url, self.tenant_metrics.limits_shared)
 
     @property
     def ready(self) -> bool:
@@ -74,8 +88,10 @@ class Serving:
         return self.ready
 
     async def run_background(self) -> None:
-        """The replica set's resolution and health tasks, and the prefix-index mirror; cancel to stop."""
-        tasks = [asyncio.create_task(self.replicas.run(), name="replicas")]
+        """The replica set's resolution and health tasks, the keys file's watch and the prefix-index mirror; cancel
+        to stop."""
+        tasks = [asyncio.create_task(self.replicas.run(), name="replicas"),
+                 asyncio.create_task(self.tenants.watch(), name="keys-file")]
         if self.mirror is not None:
             tasks.append(asyncio.create_task(self.mirror.run(), name="prefix-mirror"))
         try:
@@ -88,12 +104,15 @@ class Serving:
                     await task
 
     def require_model(self, requested: str | None) -> ModelDescription:
-        """The served model; 503 before the scheduler is ready, 404 for another model name."""
+        """The served model; 503 before the scheduler is ready, 404 for another model name or one the request's
+        tenant may not use."""
         if not self.ready or self.description is None:
             raise OpenAIError(503, "the scheduler is not ready yet", code="service_unavailable")
-        if requested not in (None, self.description.model_name, self.config.model_dir, self.model_root):
-            raise OpenAIError(404, f"The model `{requested}` does not exist.", param="model",
-                              code="model_not_found")
+        allowed = current_tenant().models
+        if (requested not in (None, self.description.model_name, self.config.model_dir, self.model_root)
+                or (allowed is not None and self.description.model_name not in allowed)):
+            raise OpenAIError(404, f"The model `{requested or self.description.model_name}` does not exist or you "
+                                   "do not have access to it.", param="model", code="model_not_found")
         return self.description
 
     @property
@@ -166,6 +185,13 @@ class Serving:
         await self.response_store.close()
         if self.grammar_checker is not None:
             await self.grammar_checker.close()
+        await self.limiter.close()
+
+    def spend_tokens(self, tenant: Tenant, num_prompt_tokens: int, num_generated_tokens: int) -> None:
+        """Count a finished request's tokens against its tenant (metrics and tokens-per-minute limit)."""
+        self.tenant_metrics.tokens.labels(tenant.name, "prompt").inc(num_prompt_tokens)
+        self.tenant_metrics.tokens.labels(tenant.name, "generated").inc(num_generated_tokens)
+        self.limiter.spend_tokens(tenant, num_prompt_tokens + num_generated_tokens)
 
     def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
                    logprobs: int | None, shape: RequestShape,
@@ -177,6 +203,9 @@ class Serving:
         if num_choices > limit:
             raise OpenAIError(400, f"a request may ask for at most {limit} choices (prompts x n), got "
                                    f"{len(prompts)} x {body.n}", param=shape.prompt_param)
+        tenant = current_tenant()
+        max_tokens = tenant_max_tokens(tenant, max_tokens)
+        priority = tenant.clamp_priority(body.priority)
         jobs = []
         for prompt_index, prompt_ids in enumerate(self._truncated(prompts, body.truncate_prompt_tokens)):
             for i in range(body.n):
@@ -184,9 +213,9 @@ class Serving:
                                                self.generation_defaults, self.limits, shape, structured_output)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
-                jobs.append(ChoiceJob(index, prompt_index, GenerateRequest(choice_id, prompt_ids, params,
-                                                                           body.cache_salt), body.stop_strings,
-                                      body.include_stop_str_in_output))
+                request = GenerateRequest(choice_id, prompt_ids, params, body.cache_salt, priority=priority,
+                                          tenant=tenant.name, tenant_weight=tenant.weight)
+                jobs.append(ChoiceJob(index, prompt_index, request, body.stop_strings, body.include_stop_str_in_output))
         return jobs
 
     def _truncated(self, prompts: list[list[int]], keep: int | None) -> list[list[int]]:
@@ -197,3 +226,15 @@ class Serving:
         if keep < 1:
             raise OpenAIError(400, "truncate_prompt_tokens must be at least 1 (or -1)", param="truncate_prompt_tokens")
         return [p[-keep:] for p in prompts]
+
+
+def tenant_max_tokens(tenant: Tenant, max_tokens: int | None) -> int | None:
+    """The request's max_tokens under its tenant's bound: that bound when the request names none, a 400 above it."""
+    if tenant.max_tokens is None:
+        return max_tokens
+    if max_tokens is None:
+        return tenant.max_tokens
+    if max_tokens > tenant.max_tokens:
+        raise OpenAIError(400, f"max_tokens is {max_tokens}, above this key's limit of {tenant.max_tokens}",
+                          param="max_tokens", code="invalid_value")
+    return max_tokens

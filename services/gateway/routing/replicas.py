@@ -6,6 +6,8 @@ replica is out within interval + timeout, and comes back at the first SERVING an
 read again then: a restarted scheduler may be another instance). A failed call marks it down at once
 (`mark_failed`). A replica that stops answering also has its open calls abandoned (they fail as UNAVAILABLE, so
 none waits on it forever); one that answers NOT_SERVING (draining, say) keeps them: it is finishing them.
+A check unanswered while this gateway's own event loop stalled (for STARVED_FRACTION of the health timeout or
+more) proves nothing about the replica: it is ignored, and the next poll judges.
 DNS names are re-resolved every `resolve_interval_s`; a vanished address leaves routing at once and its channel
 is closed once its last call ended. A name that fails to resolve keeps its last addresses.
 """
@@ -16,16 +18,20 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from services.gateway.routing.loop_lag import LoopLag
 from services.gateway.routing.replica_addresses import Target, resolve
 from shared.request_io import GenerateRequest, RequestOutput
 from shared.scheduler_stats import SchedulerStats
 from shared.step_protocol import ModelDescription
 
 log = logging.getLogger(__name__)
+
+STARVED_FRACTION = 0.25  # a loop stall this fraction of the health timeout makes an unanswered check inconclusive
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,10 @@ Resolver = Callable[[Target], Awaitable[list[str]]]
 class ReplicaSet:
     def __init__(self, targets: list[Target], make_client: Callable[[str], SchedulerLink],
                  health_interval_s: float = 1.0, resolve_interval_s: float = 5.0,
-                 resolver: Resolver = resolve) -> None:
+                 resolver: Resolver = resolve, health_timeout_s: float = 2.0) -> None:
         self.targets = targets
+        self.health_timeout_s = health_timeout_s
+        self.loop_lag = LoopLag()
         self._make_client = make_client
         self.health_interval_s = health_interval_s
         self.resolve_interval_s = resolve_interval_s
@@ -115,12 +123,15 @@ class ReplicaSet:
         replica.serving = False
 
     async def run(self) -> None:
-        """Resolve the targets now and every resolve_interval_s; each replica's health task runs beside."""
+        """Resolve the targets now and every resolve_interval_s; each replica's health task and the loop-lag
+        sampler run beside."""
+        lag_task = asyncio.create_task(self.loop_lag.run(), name="loop-lag")
         try:
             while True:
                 await self.discover()
                 await asyncio.sleep(self.resolve_interval_s)
         finally:
+            lag_task.cancel()
             await self.close()
 
     async def check_now(self) -> None:
@@ -180,7 +191,10 @@ class ReplicaSet:
             await asyncio.sleep(self.health_interval_s)
 
     async def _check(self, replica: Replica) -> None:
+        started_s = time.monotonic()
         health = await replica.client.check_health()
+        if health is Health.NO_ANSWER and self._starved_since(started_s):
+            return
         serving = health is Health.SERVING
         if serving and not replica.serving:
             serving = await self._introduce(replica)
@@ -192,6 +206,14 @@ class ReplicaSet:
             replica.client.abandon_calls()
         replica.answered = health is not Health.NO_ANSWER
         replica.serving = serving
+
+    def _starved_since(self, started_s: float) -> bool:
+        stall_s = self.loop_lag.worst_since(started_s)
+        if stall_s < STARVED_FRACTION * self.health_timeout_s:
+            return False
+        log.warning("a health check went unanswered while this gateway's event loop stalled %.2f s: ignored",
+                    stall_s)
+        return True
 
     async def _introduce(self, replica: Replica) -> bool:
         """Read who a replica that turned SERVING is, and whether it serves our model; False to keep it out."""

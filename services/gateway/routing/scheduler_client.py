@@ -45,7 +45,8 @@ class SchedulerClient:
     async def generate(self, request: GenerateRequest) -> AsyncIterator[RequestOutput]:
         """The request's outputs until it finishes. Closing the iterator early cancels the call, which aborts the
         request in the scheduler and frees its blocks. Raises grpc.aio.AioRpcError."""
-        call = self.stub.Generate(generate_request_to_pb(request), metadata=(*outgoing_metadata(), *self.auth))
+        call = self.stub.Generate(generate_request_to_pb(request),
+                                  metadata=(*outgoing_metadata(), *self.auth))
         self._calls.add(call)
         try:
             async for chunk in call:
