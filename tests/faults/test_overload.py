@@ -1,7 +1,7 @@
 """Overload, bounded for the suite: short requests at four times the measured capacity for 10 s. Every request
 ends as a 200 or a 429 with a Retry-After, none hangs or gets a 5xx or an error inside its stream, nothing leaks,
 and the services' memory stays bounded. (The 60 s run and its TTFT figures: `python -m benchmarks.overload`, see
-docs/faults.md; timing ratios are not asserted here.)"""
+docs/measurements/2026-12-04-overload.md; timing ratios are not asserted here.)"""
 
 from __future__ import annotations
 
