@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
+.PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
 	redis-server deploy-tools prometheus-rule gpu-check clean
 
 setup: $(STAMP) hooks
@@ -77,10 +77,16 @@ protos: $(STAMP)
 
 test: model redis-server deploy-tools check-commits
 	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+
+# mypy over services/, shared/, kernels/ and benchmarks/ ([tool.mypy] in pyproject.toml; strict on shared/ and
+# services/proto_convert/). `make test` runs it too.
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 # Engine benchmarks (in-process, no services): decode tok/s vs transformers; what batching and prefix caching buy.
 bench-engine: model

@@ -23,7 +23,10 @@ import sys
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 ENV_PREFIX = "PAGEDSERVE_"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -31,7 +34,7 @@ _SIZE_UNITS = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**
 _COMMENT = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+)$")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
-C = TypeVar("C")
+C = TypeVar("C", bound="DataclassInstance")
 
 
 class ConfigError(ValueError):
@@ -64,7 +67,7 @@ def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def leaf_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+def leaf_fields(cls: type) -> list[tuple[dataclasses.Field[Any], type]]:
     """(field, resolved type) of every non-dataclass field, nested dataclasses flattened."""
     hints = typing.get_type_hints(cls)
     leaves = []
@@ -125,11 +128,12 @@ def check_choices(config: Any) -> None:
             raise ValueError(f"{f.name}: {_not_one_of(names, value)}")
 
 
-def _converter(name: str, hint: Any):
+def _converter(name: str, hint: Any) -> Callable[[str], Any]:
     scalar, optional = _scalar_type(hint)
     if scalar not in (int, float, str, bool):
         raise TypeError(f"config field {name}: unsupported type {hint}")
     names = choices(hint)
+    base: Callable[[str], Any]
     if names:
         base = functools.partial(_one_of, names)
     elif scalar is bool:
@@ -137,7 +141,7 @@ def _converter(name: str, hint: Any):
     else:
         base = parse_size_bytes if name.endswith("_bytes") and scalar is int else scalar
 
-    def convert(text: str):
+    def convert(text: str) -> Any:
         if optional and text.strip().lower() in ("", "none"):
             return None
         try:
@@ -182,7 +186,8 @@ class _BoolFlag(argparse.Action):
         negated = [f"--no-{flag.removeprefix('--')}" for flag in option_strings]
         super().__init__([*option_strings, *negated], dest, nargs="?", const="true", **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         if option_string is not None and option_string.startswith("--no-"):
             if values is not None:
                 parser.error(f"{option_string} takes no value")
@@ -211,7 +216,8 @@ def normalize_bool_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -
     `--x` followed by true/false/yes/no/on/off/1/0 takes it as its value; a bare `--x` is `--x=true`; `--no-x` is
     `--x=false`. Arguments after `--` are left alone.
     """
-    names, out, items, i = bool_flag_names(parser), [], list(argv), 0
+    out: list[str] = []
+    names, items, i = bool_flag_names(parser), list(argv), 0
     while i < len(items):
         item = items[i]
         if item == "--":
@@ -231,7 +237,7 @@ def normalize_bool_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -
     return out
 
 
-def field_flags(f: dataclasses.Field) -> list[str]:
+def field_flags(f: dataclasses.Field[Any]) -> list[str]:
     """The flag of a field, then its aliases: `--kv-cache-memory-bytes`, `--kv-cache-memory`, ..."""
     flags = [flag_name(f.name)]
     if f.name.endswith("_bytes"):
@@ -239,7 +245,7 @@ def field_flags(f: dataclasses.Field) -> list[str]:
     return flags + [alias for alias in f.metadata.get("aliases", ()) if alias not in flags]
 
 
-def field_default(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field[Any]) -> Any:
     """The field's default value; dataclasses.MISSING for a required field."""
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -255,7 +261,7 @@ def format_size(num_bytes: int) -> str:
     return str(num_bytes)
 
 
-def field_help(f: dataclasses.Field, text: str) -> str:
+def field_help(f: dataclasses.Field[Any], text: str) -> str:
     """`text [env PAGEDSERVE_X; default Y]`, the help line of a field's flag."""
     default = field_default(f)
     required = default is dataclasses.MISSING

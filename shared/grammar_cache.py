@@ -13,6 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import xgrammar as xgr
 
@@ -38,11 +39,12 @@ class GrammarCache:
         self.max_cached_bytes = max_cached_bytes
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar")
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, Future] = OrderedDict()  # key -> future of CompiledGrammar, LRU first
+        # key -> future of its CompiledGrammar, LRU first
+        self._entries: OrderedDict[str, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._compiler: xgr.GrammarCompiler | None = None  # built on first use (loads the tokenizer)
         self._compiler_lock = threading.Lock()
 
-    def prepare(self, structured: StructuredOutput) -> Future:
+    def prepare(self, structured: StructuredOutput) -> Future[xgr.CompiledGrammar]:
         """A future of the compiled grammar; starts the compile unless it is cached or under way."""
         with self._lock:
             future = self._entries.get(structured.key)
@@ -76,7 +78,7 @@ class GrammarCache:
             if self._entries[key].done():
                 total -= _size_bytes(self._entries.pop(key))
 
-    def _forget_failure(self, key: str, future: Future) -> None:
+    def _forget_failure(self, key: str, future: Future[xgr.CompiledGrammar]) -> None:
         """Keep what compiled and what the engine refused (a bad grammar is not compiled again); forget other
         failures (they may not happen again)."""
         error = future.exception()
@@ -132,7 +134,7 @@ def compact_json_in_tag(spec: str) -> str:
     """The structural tag with each plain JSON-schema part as the grammar of its compact form (one space after
     `,` and `:`, none elsewhere), as JSON schemas compile by default here: a structural tag's own JSON allows free
     whitespace, where a small model can loop."""
-    def rewrite(node):
+    def rewrite(node: Any) -> Any:
         if isinstance(node, list):
             return [rewrite(item) for item in node]
         if not isinstance(node, dict):
@@ -149,7 +151,7 @@ def compact_json_in_tag(spec: str) -> str:
 _PLAIN_JSON_FORMAT = {"type", "json_schema", "style", "max_whitespace_cnt"}
 
 
-def _size_bytes(future: Future) -> int:
+def _size_bytes(future: Future[xgr.CompiledGrammar]) -> int:
     return 0 if future.exception() is not None else future.result().memory_size_bytes
 
 

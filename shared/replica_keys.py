@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SNAPSHOT, DELTA = "snapshot", "delta"  # PrefixEvent.op
 
@@ -45,7 +46,7 @@ class PrefixEvent:
         return {"seq": str(self.seq), "op": self.op, "added": ",".join(self.added), "removed": ",".join(self.removed)}
 
     @classmethod
-    def from_fields(cls, fields: dict) -> PrefixEvent:
+    def from_fields(cls, fields: dict[Any, Any]) -> PrefixEvent:
         text = {_str(k): _str(v) for k, v in fields.items()}
         return cls(int(text["seq"]), text["op"], _split(text.get("added", "")), _split(text.get("removed", "")))
 

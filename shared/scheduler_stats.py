@@ -23,7 +23,7 @@ class MetricSpec:
     label: str | None = None  # for dict fields: the label their keys become
 
 
-def _metric(kind: MetricKind, name: str, documentation: str, label: str | None = None) -> dict:
+def _metric(kind: MetricKind, name: str, documentation: str, label: str | None = None) -> dict[str, MetricSpec]:
     return {"metric": MetricSpec(kind, name, documentation, label)}
 
 

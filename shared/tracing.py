@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Status, StatusCode
 
 from shared.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
 
 TRACER_NAME = "pagedserve"
 _TRACEPARENT = "traceparent"
@@ -31,8 +35,9 @@ def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -
     if exporter_name == "none" or (not has_endpoint and exporter_name not in ("otlp", "console")):
         return False
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
+    exporter: SpanExporter
     if exporter_name == "console":
         exporter = ConsoleSpanExporter()
     else:
@@ -44,7 +49,7 @@ def setup_tracing(service_name: str, environ: Mapping[str, str] | None = None) -
     return True
 
 
-def service_resource(default_name: str, environ: Mapping[str, str]):
+def service_resource(default_name: str, environ: Mapping[str, str]) -> Resource:
     """The process's OTel resource: OTEL_RESOURCE_ATTRIBUTES, then OTEL_SERVICE_NAME (as the SDK reads them), with
     `default_name` as service.name only when neither names the service."""
     from opentelemetry.sdk.resources import Resource

@@ -7,6 +7,7 @@ from services.proto_gen import scheduler_pb2
 from shared.integrity_report import IntegrityReport
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.scheduler_stats import SCALAR_FIELDS, SchedulerStats
+from shared.step_protocol import TokenLogprobs
 
 _REASON_TO_PB = {
     None: scheduler_pb2.FINISH_REASON_UNSPECIFIED,
@@ -42,8 +43,9 @@ def output_to_chunk(output: RequestOutput) -> scheduler_pb2.GenerateChunk:
 
 def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> RequestOutput:
     token_ids = list(chunk.token_ids)
-    logprobs = ([logprobs_from_pb(lp) for lp in chunk.logprobs] if len(chunk.logprobs) == len(token_ids)
-                else [None] * len(token_ids))
+    logprobs: list[TokenLogprobs | None] = [None] * len(token_ids)
+    if len(chunk.logprobs) == len(token_ids):
+        logprobs = [logprobs_from_pb(lp) for lp in chunk.logprobs]
     return RequestOutput(req_id=req_id, new_token_ids=token_ids, new_logprobs=logprobs,
                          finish_reason=_REASON_FROM_PB[chunk.finish_reason],
                          num_prompt_tokens=chunk.num_prompt_tokens, num_cached_tokens=chunk.num_cached_tokens,
