@@ -6,7 +6,7 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
 .PHONY: setup hooks check-commits model run protos test test-unit lint bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
-	redis-server deploy-tools prometheus-rule gpu-check clean
+	redis-server deploy-tools prometheus-rule compose-check gpu-check clean
 
 setup: $(STAMP) hooks
 
@@ -71,6 +71,16 @@ run: model
 	  $(SERVE); \
 	fi
 
+# The compose stack really started (docs/deployment.md): the CPU image built on a debootstrap Debian base, `docker
+# compose up` with local Redis / Prometheus stand-ins, the README's request, `pagedserve bench`, then torn down.
+# Needs root and Debian's docker.io + debootstrap (installed here when missing); exit 3: no daemon could be started.
+compose-check: $(STAMP)
+	@command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null; \
+	  else echo "compose-check: docker.io/debootstrap missing and not root: NOT RUN" >&2; exit 3; fi; }
+	$(PY) deploy/compose-check/compose_check.py
+
 # Regenerate services/proto_gen/ from proto/ (the generated code is committed; a unit test checks it is current).
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
@@ -78,6 +88,9 @@ protos: $(STAMP)
 test: model redis-server deploy-tools check-commits
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider
+	@$(MAKE) --no-print-directory compose-check; rc=$$?; \
+	if [ $$rc = 3 ]; then echo "*** make test: compose-check NOT RUN: no Docker daemon could be started ***" >&2; \
+	elif [ $$rc != 0 ]; then exit $$rc; fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
