@@ -15,6 +15,7 @@ from services.gateway.text.chat_template import load_chat_template
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
+from shared.placeholder_secrets import check_not_placeholder
 from shared.redis_url import check_redis_url
 
 HttpParser = Literal["httptools", "h11"]
@@ -75,6 +76,8 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_not_placeholder("--internal-token", self.internal_token)
+        check_not_placeholder("--api-key", self.api_key)
         for name in ("allowed_origins", "allowed_methods", "allowed_headers"):
             parse_list(getattr(self, name), flag_name(name))  # a ValueError naming the flag on a bad JSON list
         if self.tool_call_parser and self.tool_call_parser not in TOOL_CALL_FORMATS:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.cli_config import check_choices
 from shared.log_setup import LogLevel
+from shared.placeholder_secrets import check_not_placeholder
 
 
 @dataclass(frozen=True)
@@ -20,3 +21,4 @@ class WorkerServiceConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_not_placeholder("--internal-token", self.internal_token)

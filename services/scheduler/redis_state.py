@@ -22,13 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.prefix_publisher import PrefixPublisher
 from shared.cancellation import raise_if_cancelled
+from shared.redis_client import ReconnectBackoff, bounded_client
 from shared.redis_url import check_redis_url, masked_url
 from shared.replica_keys import SNAPSHOT, PrefixEvent, key_prefix, prefix_blocks_key, prefix_events_key, stats_key
 
@@ -119,6 +118,8 @@ class RedisStateWriter:
         self.num_dropped = 0
         self.connected = False
         self._outage_logged = False
+        self._backoff = ReconnectBackoff()
+        self._retry_at_s = 0.0  # after a failed flush: no Redis call before this (monotonic)
 
     # --- called by the engine loop: never blocks, never raises --------------------------------------------
 
@@ -148,14 +149,15 @@ class RedisStateWriter:
     # --- the background task ------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        client = aioredis.Redis.from_url(
-            self.config.redis_url, socket_timeout=self.config.redis_timeout_s,
-            socket_connect_timeout=self.config.redis_timeout_s, retry=Retry(NoBackoff(), 0))
+        client = bounded_client(self.config.redis_url, self.config.redis_timeout_s)
         next_stats_s = next_prefix_s = 0.0
         try:
             while True:
                 writes: list[_Write] = await self._drain(self.config.redis_flush_interval_s)
                 now_s = time.monotonic()
+                if now_s < self._retry_at_s:  # backing off after a failure: these writes are dropped
+                    self.num_dropped += len(writes)
+                    continue
                 if now_s >= next_stats_s:
                     writes.append(self._stats_write())
                     next_stats_s = now_s + self.config.redis_stats_interval_s
@@ -200,11 +202,13 @@ class RedisStateWriter:
             self.num_dropped += len(writes)
             self.connected = False
             self._publisher.lost()  # a timed-out transaction may or may not have been applied
+            self._retry_at_s = time.monotonic() + self._backoff.next_delay_s()
             if not self._outage_logged:
                 log.warning("Redis at %s unavailable (%s): dropping state writes until it returns",
                             masked_url(self.config.redis_url), exc)
                 self._outage_logged = True
             return
+        self._backoff.reset()
         self.num_writes += len(writes)
         if not self.connected:
             log.info("Redis state writes to %s (%d dropped so far)", masked_url(self.config.redis_url),

@@ -10,6 +10,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from shared.cli_config import check_choices
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
+from shared.placeholder_secrets import check_not_placeholder
 
 
 @dataclass(frozen=True)
@@ -43,3 +44,4 @@ class SchedulerServiceConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)
+        check_not_placeholder("--internal-token", self.internal_token)

@@ -15,11 +15,10 @@ import time
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from shared.cancellation import raise_if_cancelled
+from shared.redis_client import ReconnectBackoff, bounded_client
 from shared.redis_url import masked_url
 from shared.replica_keys import DELTA, PrefixEvent, prefix_blocks_key, prefix_events_key, stats_key
 
@@ -54,11 +53,11 @@ class InstanceView:
 
 class PrefixMirror:
     def __init__(self, redis_url: str, timeout_s: float = 1.0, stats_interval_s: float = 0.25,
-                 retry_interval_s: float = 1.0) -> None:
+                 retry_interval_s: float = 0.1, retry_max_s: float = 2.0) -> None:
         self.redis_url = redis_url
         self.timeout_s = timeout_s
         self.stats_interval_s = stats_interval_s
-        self.retry_interval_s = retry_interval_s
+        self.backoff = ReconnectBackoff(retry_interval_s, retry_max_s)  # between failed rounds, jittered
         self.views: dict[str, InstanceView] = {}  # instance id -> its view
         self.connected = False  # the last Redis read succeeded
         self._next_stats_s = 0.0
@@ -77,8 +76,7 @@ class PrefixMirror:
         return view if self.connected and view is not None and view.synced else None
 
     async def run(self) -> None:
-        client = aioredis.Redis.from_url(self.redis_url, socket_timeout=self.timeout_s + _BLOCK_MS / 1000,
-                                         socket_connect_timeout=self.timeout_s, retry=Retry(NoBackoff(), 0))
+        client = bounded_client(self.redis_url, self.timeout_s + _BLOCK_MS / 1000, connect_timeout_s=self.timeout_s)
         try:
             while True:
                 try:
@@ -86,9 +84,10 @@ class PrefixMirror:
                 except (RedisError, OSError, TimeoutError) as exc:
                     raise_if_cancelled()
                     self._lost(exc)
-                    await asyncio.sleep(self.retry_interval_s)
+                    await asyncio.sleep(self.backoff.next_delay_s())
                     continue
                 raise_if_cancelled()
+                self.backoff.reset()
                 if not self.connected:
                     log.info("prefix index: reading Redis at %s", masked_url(self.redis_url))
                 self.connected, self._outage_logged = True, False
