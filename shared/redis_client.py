@@ -20,7 +20,8 @@ import redis.asyncio as aioredis
 from redis._parsers import _AsyncRESP2Parser
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff, NoBackoff
-from redis.exceptions import InvalidResponse
+from redis.exceptions import InvalidResponse, ResponseError
+from redis.typing import EncodableT
 
 
 @dataclass(frozen=True)
@@ -41,9 +42,12 @@ class BoundedRESP2Parser(_AsyncRESP2Parser):
         super().__init__(socket_read_size)
         self._num_elements = 0
 
-    async def read_response(self, disable_decoding: bool = False):
+    async def read_response(self, disable_decoding: bool = False
+                            ) -> EncodableT | ResponseError | None | list[EncodableT]:
+        """One whole reply, its element count from 0."""
         self._num_elements = 0
-        return await super().read_response(disable_decoding)
+        reply: EncodableT | ResponseError | None | list[EncodableT] = await super().read_response(disable_decoding)
+        return reply
 
     async def _readline(self) -> bytes:
         line = await super()._readline()  # one element's header: every element of a reply passes here
