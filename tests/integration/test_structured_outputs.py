@@ -172,9 +172,11 @@ def test_a_named_tool_and_parallel_calls(client, model_name):
         ARGS[call.function.name].model_validate_json(call.function.arguments)
 
 
-def test_parallel_required_calls_are_not_forced_twice_and_cut_calls_parse(client, model_name):
-    """Issue 40: with parallel calls allowed, a newline after the last call forced another (every call came back
-    twice); and a call cut by max_tokens came back with arguments that did not parse, or as markup in content."""
+def test_required_calls_are_whole_and_cut_calls_parse(client, model_name):
+    """Issue 40: a call cut by max_tokens came back with arguments that did not parse, or as markup in content; and
+    with parallel calls allowed every answer holds at least one whole, valid call. (That a newline after the last
+    call no longer forces another is the grammar's property, shown token by token in
+    tests/unit/gateway/structured/test_required_calls_end.py: greedy SmolLM2 may still choose to repeat a call.)"""
     def whole(prompt: str, max_tokens: int = 150):
         return client.chat.completions.create(
             model=model_name, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="required",
@@ -182,8 +184,9 @@ def test_parallel_required_calls_are_not_forced_twice_and_cut_calls_parse(client
 
     choices = parallel(whole, TOOL_PROMPTS)
     for choice in choices:
-        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
-        assert calls and len(set(calls)) == len(calls), calls  # no call repeated
+        assert choice.message.tool_calls and not choice.message.content
+        for call in choice.message.tool_calls:
+            ARGS[call.function.name].model_validate_json(call.function.arguments)
     print("calls per answer:", [len(c.message.tool_calls) for c in choices])
     cut = parallel(lambda n: whole(TOOL_PROMPTS[n % len(TOOL_PROMPTS)], 5 + n), list(range(20)))
     for choice in cut:
