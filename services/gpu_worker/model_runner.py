@@ -54,7 +54,7 @@ class ModelRunner:
         self.backend = self.platform.attention_backend(config.attention_backend, shape, mc.dtype, kv_dtype,
                                                        config.block_size)
         self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform,
-                                config.load_format)
+                                config.load_format, config.quantization)
         self.eos_token_ids = eos_token_ids(config.model_dir)
         num_blocks = num_blocks_for_budget(mc, self.platform.kv_cache_budget_bytes(config), config.block_size,
                                            kv_dtype)
