@@ -1,5 +1,5 @@
 """Load a Hugging Face model folder's safetensors into DecoderLM, fusing q|k|v and gate|up on the way (a folder
-holding a GGUF file instead: gguf/load.py)."""
+holding a GGUF file instead: gguf/load.py; a GPTQ / AWQ / FP8 checkpoint: quantized/load.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from services.gpu_worker.checkpoint_keys import to_model_state
 from services.gpu_worker.dummy_weights import dummy_state
 from services.gpu_worker.model import DecoderLM
 from services.gpu_worker.model_config import ModelConfig
+from services.gpu_worker.quantized.scheme import read_scheme
 from shared.gguf_folder import find_gguf
 
 if TYPE_CHECKING:
@@ -33,15 +34,22 @@ def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBackend, max_positions: int,
-               platform: Platform, load_format: str = "auto") -> DecoderLM:
+               platform: Platform, load_format: str = "auto", quantization: str | None = None) -> DecoderLM:
     """The model on the platform's device, every layer bound to the platform's kernels; `load_format` "dummy":
     seeded random weights instead of the checkpoint's (dummy_weights.py); a folder holding a GGUF file and no
-    safetensors loads from its blocks (gguf/load.py)."""
+    safetensors loads from its blocks (gguf/load.py); one whose config.json has a quantization_config (which
+    `quantization`, when given, must name) loads through quantized/load.py."""
     gguf = None if any(Path(model_dir).glob("*.safetensors")) else find_gguf(model_dir)
     if gguf is not None and load_format != "dummy":
         from services.gpu_worker.gguf.load import load_gguf_model
 
         return load_gguf_model(gguf, config, backend, max_positions, platform)
+    scheme = read_scheme(model_dir, quantization)
+    if scheme is not None and load_format != "dummy":
+        from services.gpu_worker.quantized.load import load_quantized_model
+
+        return load_quantized_model(read_checkpoint(model_dir), scheme, model_dir, config, backend, max_positions,
+                                    platform)
     model = DecoderLM(config, backend, max_positions)
     device = platform.device
     if load_format == "dummy":

@@ -23,13 +23,14 @@ from services.gpu_worker.generation_defaults import eos_token_ids
 from services.gpu_worker.input_batch import build_model_input
 from services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
 from services.gpu_worker.loader import load_model
-from services.gpu_worker.model_config import dtype_name, load_model_config
+from services.gpu_worker.model_config import UnsupportedModelError, dtype_name, load_model_config
 from services.gpu_worker.parallel.rank_budget import rank_kv_budget_bytes
 from services.gpu_worker.parallel.shard_plan import ShardPlan
 from services.gpu_worker.parallel.sharded_loader import load_sharded_model
 from services.gpu_worker.pending_output import PendingOutput
 from services.gpu_worker.platforms import platform_for
 from services.gpu_worker.platforms.platform import Platform
+from services.gpu_worker.quantized.scheme import read_scheme
 from services.gpu_worker.request_state import RequestState
 from services.gpu_worker.sampler import sample
 from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
@@ -68,8 +69,11 @@ class ModelRunner:
                                                        config.block_size)
         if plan is None:
             self.model = load_model(config.model_dir, mc, self.backend, self.max_model_len, self.platform,
-                                    config.load_format)
+                                    config.load_format, config.quantization)
         else:
+            if config.load_format != "dummy" and read_scheme(config.model_dir, config.quantization) is not None:
+                raise UnsupportedModelError("tensor parallelism loads unquantized safetensors checkpoints; "
+                                            f"{config.model_dir} holds a quantization_config")
             self.model = load_sharded_model(config.model_dir, plan, tp, self.backend, self.max_model_len,
                                             self.platform, config.load_format)
         self.eos_token_ids = eos_token_ids(config.model_dir)

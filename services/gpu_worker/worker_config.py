@@ -10,12 +10,14 @@ from shared.cli_config import check_choices
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]
 LoadFormatName = Literal["auto", "dummy"]
+QuantizationName = Literal["gptq", "awq", "fp8", "compressed-tensors"]
 
 
 @dataclass(frozen=True)
 class WorkerConfig:
     model_dir: str  # Hugging Face model folder: config.json, *.safetensors
     load_format: LoadFormatName = "auto"  # auto (the folder's safetensors) or dummy (seeded random weights)
+    quantization: QuantizationName | None = None  # vLLM's -q: the method the folder's quantization_config must hold
     model_name: str | None = field(default=None, metadata={  # vLLM's name for it: --served-model-name
         "aliases": ("--served-model-name",), "help": "the name clients send as `model`; default: the folder name"})
     dtype: DtypeName = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16

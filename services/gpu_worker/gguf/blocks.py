@@ -5,6 +5,8 @@ Block layouts follow ggml (ggml-common.h; the `gguf` package's quants.py dequant
 `in` weights is `in / 32` (or `in / 256` for K-quants) blocks of bytes, fp16 scales little-endian.
 - Q4_0 (18 B / 32): d, 16 bytes of nibbles (low: inputs 0-15, high: 16-31); w = d * (q - 8).
 - Q4_1 (20 B / 32): d, m, nibbles as Q4_0; w = d * q + m.
+- Q5_0 (22 B / 32): d, 4 bytes of fifth bits (bit i: input i), nibbles as Q4_0; w = d * (q - 16).
+- Q5_1 (24 B / 32): d, m, fifth bits and nibbles as Q5_0; w = d * q + m.
 - Q8_0 (34 B / 32): d, 32 int8; w = d * q.
 - Q4_K (144 B / 256): d, dmin, 12 bytes of 6-bit (scale, min) pairs for 8 sub-blocks of 32, 128 bytes of
   nibbles (each 32 bytes: low nibbles one sub-block, high the next); w = d * sc * q - dmin * m.
@@ -23,8 +25,9 @@ from gguf import GGMLQuantizationType as T
 from kernels.cpu.weight_grid import WeightGrid
 
 PLAIN_TYPES = (T.F32, T.F16, T.BF16)
-GRID_TYPES = (T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
-_BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q8_0: (32, 34), T.Q4_K: (256, 144), T.Q5_K: (256, 176),
+GRID_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)
+_BLOCK = {T.Q4_0: (32, 18), T.Q4_1: (32, 20), T.Q5_0: (32, 22), T.Q5_1: (32, 24), T.Q8_0: (32, 34),
+          T.Q4_K: (256, 144), T.Q5_K: (256, 176),
           T.Q6_K: (256, 210)}  # type -> (weights, bytes) per block
 
 
@@ -78,6 +81,23 @@ def _q4_1(b):
     return _nibbles(b[..., 4:]), _half(b[..., :2]), _half(b[..., 2:4]), 4, 32
 
 
+def _fifth_bits(raw: torch.Tensor) -> torch.Tensor:
+    """[..., 4] bytes (a little-endian 32-bit word) -> [..., 32]: bit i of the word, input i's fifth bit."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((raw.unsqueeze(-1) >> shifts) & 1).flatten(-2)
+
+
+def _q5_0(b):
+    d = _half(b[..., :2])
+    codes = (_nibbles(b[..., 6:]) | (_fifth_bits(b[..., 2:6]) << 4)).to(torch.int8) - 16
+    return codes, d, torch.zeros_like(d), 8, 32
+
+
+def _q5_1(b):
+    codes = (_nibbles(b[..., 8:]) | (_fifth_bits(b[..., 4:8]) << 4)).to(torch.int8)
+    return codes, _half(b[..., :2]), _half(b[..., 2:4]), 8, 32
+
+
 def _q8_0(b):
     d = _half(b[..., :2])
     return b[..., 2:].contiguous().view(torch.int8), d, torch.zeros_like(d), 8, 32
@@ -121,4 +141,5 @@ def _q6_k(b):
     return codes, scale, torch.zeros_like(scale), 8, 16
 
 
-_DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q8_0: _q8_0, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k}
+_DECODERS = {T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1, T.Q8_0: _q8_0, T.Q4_K: _q4_k,
+             T.Q5_K: _q5_k, T.Q6_K: _q6_k}

@@ -18,7 +18,8 @@ from tests.unit.gpu_worker.tiny_gguf import MIXED, quantize, write_tiny_gguf
 from tests.unit.gpu_worker.tiny_models import PagedModel
 
 ATOL = 1e-4
-QTYPES = {"Q4_0": T.Q4_0, "Q4_1": T.Q4_1, "Q8_0": T.Q8_0, "Q4_K": T.Q4_K, "Q5_K": T.Q5_K, "Q6_K": T.Q6_K,
+QTYPES = {"Q4_0": T.Q4_0, "Q4_1": T.Q4_1, "Q5_0": T.Q5_0, "Q5_1": T.Q5_1, "Q8_0": T.Q8_0, "Q4_K": T.Q4_K,
+          "Q5_K": T.Q5_K, "Q6_K": T.Q6_K,
           "F16": T.F16, "Q4_K_M-mix": MIXED}
 
 
@@ -31,7 +32,8 @@ def _reference(model, tokens: list[int]) -> torch.Tensor:
         return model(torch.tensor([tokens])).logits[0].float()
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K],
+                         ids=lambda t: t.name)
 def test_blocks_are_ggml_dequantization_bit_for_bit(qtype) -> None:
     x = np.random.default_rng(int(qtype)).standard_normal((6, 512)).astype(np.float32)
     blocks = quantize(x, qtype)
@@ -79,6 +81,6 @@ def test_without_the_c_kernels_the_blocks_are_dequantized(tmp_path) -> None:
 
 
 def test_unsupported_types_are_refused_by_name(tmp_path) -> None:
-    write_tiny_gguf("llama", tmp_path, {"ffn_up": T.Q5_0, "": T.Q4_K})
-    with pytest.raises(UnsupportedTensorTypeError, match=r"'blk\.0\.ffn_up\.weight' is Q5_0.*supported: Q4_0"):
+    write_tiny_gguf("llama", tmp_path, {"ffn_up": T.TQ2_0, "": T.Q4_K})
+    with pytest.raises(UnsupportedTensorTypeError, match=r"'blk\.0\.ffn_up\.weight' is TQ2_0.*supported: Q4_0"):
         PagedModel(tmp_path, backend="torch+native")

@@ -20,6 +20,7 @@ from services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions,
 from services.gpu_worker.platforms.cpu.native import NativeKernels
 from services.gpu_worker.platforms.cpu.one_call_decode import build_one_call_decode
 from services.gpu_worker.platforms.platform import ModelForward, Platform
+from services.gpu_worker.quantized.scheme import has_int4_scheme
 from services.gpu_worker.worker_config import WorkerConfig
 from shared.gguf_folder import find_gguf
 
@@ -46,11 +47,14 @@ class CpuPlatform(Platform):
                    config.num_threads)
 
     def serving_dtype(self, checkpoint: torch.dtype, model_dir: str | None = None) -> torch.dtype:
-        """bf16 checkpoints keep their dtype. fp32 checkpoints whose projections are exact 4-bit grids stay fp32
+        """GPTQ / AWQ checkpoints (whatever their config's dtype) run in fp32 where the C GEMMs run their codes.
+        bf16 checkpoints keep their dtype. fp32 checkpoints whose projections are exact 4-bit grids stay fp32
         where the C int8 kernel runs them (it reads half a byte a weight where bf16 reads two: one stream decodes
         about 2.7x faster than in bf16 on a Zen 4 CPU, docs/cpu.md), and so do GGUF checkpoints where the C GEMMs
         run their blocks. Other fp32 and fp16 ones run in bf16 on CPUs
         with AVX512-BF16 or AMX, else in fp32 (fp16 and, without those, bf16 matmuls are slow on CPUs)."""
+        if model_dir is not None and has_int4_scheme(model_dir) and self.takes_weight_grids(torch.float32):
+            return torch.float32
         if checkpoint == torch.bfloat16:
             return checkpoint
         if checkpoint == torch.float32 and model_dir is not None and self._runs_grid_weights(model_dir):
