@@ -85,11 +85,14 @@ def _sdpa(backend: SDPBackend, s: BufferSet, causal: bool) -> Callable[[], torch
 
 
 def _triton(kind: str, s: BufferSet, context: int, scale: float) -> Callable[[], torch.Tensor]:
-    from kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention
+    from kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
     from kernels.paged_prefill_attention import paged_prefill_attention
 
     if kind == "decode":
-        workspace = DecodeWorkspace()  # partials allocated once, as the engine's graphs hold them
+        batch, num_heads, head_dim = s.query.shape
+        rows = workspace_rows(batch, num_heads, s.key_cache.shape[2], head_dim, context, s.query.device)
+        # partials allocated once, as the engine's graphs hold them
+        workspace = DecodeWorkspace.allocate(rows, head_dim, s.query.device)
         return lambda: paged_decode_attention(s.query, s.key_cache, s.value_cache, s.block_tables, s.seq_lens, scale,
                                               context, out=s.out, workspace=workspace)
     batch = s.seq_lens.shape[0]

@@ -85,7 +85,7 @@ def test_every_serve_flag_has_help_and_shows_its_default():
     text = " ".join(parser.format_help().split())
     for shown in ("--num-prompts NUM_PROMPTS requests per load point (default: 200)",
                   "--random-input-len RANDOM_INPUT_LEN prompt tokens of each random request (default: 1024)",
-                  "--dataset-name {random,shared-prefix,sharegpt,custom}", "(default: random)",
+                  "--dataset-name {random,shared-prefix,copy-heavy,sharegpt,custom}", "(default: random)",
                   "--ignore-eos, --no-ignore-eos", "--temperature TEMPERATURE sampling temperature of every "
                   "request (default: 0.0)", "Exits 1 when any request failed"):
         assert shown in text, shown
