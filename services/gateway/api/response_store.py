@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
-import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
 from services.gateway.http.errors import OpenAIError
+from shared.redis_client import bounded_client
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "pagedserve:response:"
+# what a response id this gateway made can look like (resp_ + hex); any other id names no stored response, and is
+# answered without Redis (a lone surrogate in a client's id would not even encode as a key)
+_ID_SHAPE = re.compile(r"resp_[0-9A-Za-z]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class RedisResponseStore:
     def __init__(self, redis_url: str, ttl_s: float, timeout_s: float = 2.0,
                  registry: CollectorRegistry | None = None) -> None:
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self._redis = aioredis.from_url(redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._redis = bounded_client(redis_url, timeout_s)
         self.write_failures = Counter("pagedserve_gateway_response_store_write_failures", "Responses that could not "
                                       "be stored in Redis (later turns naming them get a 404)", registry=registry)
 
@@ -119,10 +123,14 @@ class RedisResponseStore:
             log.warning("response %s was not stored: Redis failed (%s)", stored.response["id"], type(exc).__name__)
 
     async def get(self, response_id: str) -> StoredResponse | None:
+        if not _ID_SHAPE.fullmatch(response_id):
+            return None
         text = await self._call(self._redis.get(KEY_PREFIX + response_id))
         return None if text is None else StoredResponse.from_json(text)
 
     async def delete(self, response_id: str) -> bool:
+        if not _ID_SHAPE.fullmatch(response_id):
+            return False
         return bool(await self._call(self._redis.delete(KEY_PREFIX + response_id)))
 
     async def close(self) -> None:

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from services.ports import free_port
 from shared.structured_output import StructuredOutputKind
 from tests.integration.processes import RedisServer
 from tests.unit.gateway.conftest import MODEL_DIR
@@ -307,3 +308,17 @@ def test_previous_response_id_in_memory_without_redis(tokenizer):
         unstored = client.post("/v1/responses", json={"input": "x", "store": False}).json()
         assert client.get(f"/v1/responses/{unstored['id']}").status_code == 404
     assert "pagedserve_gateway_stored_responses_in_memory_bytes" in metrics
+
+
+
+def test_ids_no_response_can_have_are_404s_without_a_redis_call(tokenizer):
+    """An id this gateway could not have made names no stored response: a 404 at once, even while Redis is down
+    (asking Redis would make it a 503)."""
+    with gateway(tokenizer, redis_url=f"redis://127.0.0.1:{free_port()}/0") as (client, _, _):
+        turn = client.post("/v1/responses", json={"input": "Hi", "previous_response_id": "not-an-id"})
+        unknown = client.get("/v1/responses/not-an-id")
+        deleted = client.delete("/v1/responses/msg_0123abcd")
+        ours = client.get("/v1/responses/resp_0123abcd")  # our shape: Redis is asked, and is down
+    assert turn.status_code == 404 and turn.json()["error"]["param"] == "previous_response_id", turn.text
+    assert unknown.status_code == 404 and deleted.status_code == 404
+    assert ours.status_code == 503
