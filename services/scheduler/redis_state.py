@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -105,6 +106,9 @@ class _Expire:
 _Write = _HashWrite | _PrefixPublish | _Expire
 
 
+_MAX_HELD = 1000  # writes held through a backoff wait at most (one flush's worth)
+
+
 class RedisStateWriter:
     def __init__(self, config: RedisStateConfig, instance_id: str, stats_source: Callable[[], dict],
                  prefix_source: Callable[[], PrefixIndex]) -> None:
@@ -120,6 +124,9 @@ class RedisStateWriter:
         self._outage_logged = False
         self._backoff = ReconnectBackoff()
         self._retry_at_s = 0.0  # after a failed flush: no Redis call before this (monotonic)
+        # writes made while backing off, the newest kept: they go first in the next attempt, so a write made just
+        # after Redis returns is not lost to the wait (a failed attempt drops them, counted)
+        self._held: deque[_Write] = deque(maxlen=_MAX_HELD)
 
     # --- called by the engine loop: never blocks, never raises --------------------------------------------
 
@@ -155,9 +162,13 @@ class RedisStateWriter:
             while True:
                 writes: list[_Write] = await self._drain(self.config.redis_flush_interval_s)
                 now_s = time.monotonic()
-                if now_s < self._retry_at_s:  # backing off after a failure: these writes are dropped
-                    self.num_dropped += len(writes)
+                if now_s < self._retry_at_s:  # backing off after a failure: hold the newest writes
+                    self.num_dropped += max(0, len(self._held) + len(writes) - _MAX_HELD)
+                    self._held.extend(writes)
                     continue
+                if self._held:
+                    writes = [*self._held, *writes]
+                    self._held.clear()
                 if now_s >= next_stats_s:
                     writes.append(self._stats_write())
                     next_stats_s = now_s + self.config.redis_stats_interval_s

@@ -88,3 +88,31 @@ def test_a_full_queue_drops_instead_of_blocking():
     for i in range(5):
         writer.request_first_token(f"r{i}", 0)
     assert writer.num_dropped == 3
+
+
+@pytest.mark.asyncio
+async def test_a_write_made_while_backing_off_lands_when_redis_returns(tmp_path):
+    """Writes made during a backoff wait are held (the newest), not dropped: a request that finishes just after
+    Redis comes back has its state written by the first attempt after the wait."""
+    server = RedisServer(tmp_path / "redis.log")  # not started yet: the first attempts fail and back off
+    config = RedisStateConfig(redis_url=server.url, redis_flush_interval_s=0.01, redis_stats_interval_s=60,
+                              redis_timeout_s=0.2)
+    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: PrefixIndex())
+    task = asyncio.create_task(writer.run())
+    try:
+        writer.request_arrived("early", 3, 0.0)
+        while writer._backoff.failures < 3:  # backing off, each wait longer
+            await asyncio.sleep(0.01)
+        server.start()
+        writer.request_arrived("during-wait", 3, 0.0)  # made inside the current wait
+        writer.request_finished("during-wait", "stop", 1, 0)
+        deadline = asyncio.get_running_loop().time() + 5
+        while writer.num_writes == 0 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        fields = server.client().hgetall(f"{writer.prefix}request:during-wait")
+        assert fields.get("status") == "finished", fields
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        server.kill()
