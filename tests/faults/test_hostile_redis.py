@@ -1,5 +1,7 @@
 """A hostile Redis (an endless array reply) or a mute one (accepts, never answers) behind a real scheduler and
-gateway: chat latency stays within 1.2x of the same stack without Redis, and neither process burns a core on it."""
+gateway: chat latency stays within 1.2x of the same stack without Redis, and neither process burns a core on it.
+The stack runs without Redis and with the fake one in alternating rounds, latencies pooled per side, so the
+machine's drift during the test falls on both alike."""
 
 from __future__ import annotations
 
@@ -18,13 +20,14 @@ from tests.integration.processes import MODEL_DIR, wait_for
 BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0.0,
         "ignore_eos": True}
 NUM_REQUESTS = 10
+ROUNDS = 2
 IDLE_S = 4.0
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Run:
-    median_s: float
+    latencies_s: list[float]
     scheduler_cores: float  # CPU used over the requests and an idle window, per wall second
     gateway_cores: float
 
@@ -75,28 +78,39 @@ def measure(stack: FaultStack) -> Run:
     time.sleep(IDLE_S)
     wall_s = time.monotonic() - start_s
     scheduler, gateway = ((cpu_s(pid) - before) / wall_s for pid, before in zip(pids, cpu_before, strict=True))
-    return Run(statistics.median(latencies), scheduler, gateway)
+    return Run(latencies, scheduler, gateway)
+
+
+def pooled_median_s(runs: list[Run]) -> float:
+    return statistics.median(latency for run in runs for latency in run.latencies_s)
 
 
 @pytest.mark.parametrize("mode", ["flood", "silent"])
 def test_a_hostile_redis_costs_neither_latency_nor_a_core(redis_stack, mode):
-    restart_with_redis(redis_stack, None)
-    baseline = measure(redis_stack)
     server = HostileRedis(mode).start()
+    baseline: list[Run] = []
+    hostile: list[Run] = []
+    windows: list[tuple[int, float]] = []  # (connections made, seconds) of each hostile round
     try:
-        restart_with_redis(redis_stack, server.url)
-        connections_before, start_s = server.num_connections, time.monotonic()
-        hostile = measure(redis_stack)
-        window_s = time.monotonic() - start_s
+        for _ in range(ROUNDS):
+            restart_with_redis(redis_stack, None)
+            baseline.append(measure(redis_stack))
+            restart_with_redis(redis_stack, server.url)
+            connections_before, start_s = server.num_connections, time.monotonic()
+            hostile.append(measure(redis_stack))
+            windows.append((server.num_connections - connections_before, time.monotonic() - start_s))
     finally:
         redis_stack.gateway.kill()
         redis_stack.scheduler.kill()
         server.stop()
-    report = f"{mode}: baseline {baseline}, hostile {hostile}, {server.num_connections} connections"
+    report = (f"{mode}: median without Redis {pooled_median_s(baseline):.3f} s, with it {pooled_median_s(hostile):.3f}"
+              f" s; baseline {baseline}, hostile {hostile}, {server.num_connections} connections")
     print(report)
     assert server.num_connections > 0, "the services never reached the fake Redis: " + report
-    assert hostile.median_s <= 1.2 * baseline.median_s, report
-    assert hostile.scheduler_cores <= baseline.scheduler_cores + 0.1, report
-    assert hostile.gateway_cores <= baseline.gateway_cores + 0.1, report
+    assert pooled_median_s(hostile) <= 1.2 * pooled_median_s(baseline), report
+    for base, bad in zip(baseline, hostile, strict=True):
+        assert bad.scheduler_cores <= base.scheduler_cores + 0.1, report
+        assert bad.gateway_cores <= base.gateway_cores + 0.1, report
     # two clients, each at most one connection per backoff round (>= 1 s once the 2 s cap is reached)
-    assert server.num_connections - connections_before <= 2 * (window_s + 4), report
+    for connections, window_s in windows:
+        assert connections <= 2 * (window_s + 4), report
