@@ -15,9 +15,13 @@ from services.proto_convert.worker_contract import step_input_to_pb
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import NewRequest, StepInput, StepOutput
 from shared.tracing import traceparent_of
+from tests.unit.gpu_worker.launched_step import DoneStep
 
 
 class FakeWorker:
+    def launch_step(self, step: StepInput) -> DoneStep:
+        return DoneStep(self.execute_step(step))
+
     def execute_step(self, step: StepInput) -> StepOutput:
         return StepOutput(req_ids=["r"], sampled_token_ids=[7], logprobs=[None])
 

@@ -16,6 +16,7 @@ from services.ports import free_port
 from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
 from services.scheduler.worker_client import WorkerClient
 from shared.step_protocol import StepInput, StepOutput
+from tests.unit.gpu_worker.launched_step import DoneStep
 
 STEP_S = 0.05
 
@@ -26,6 +27,9 @@ class StandInWorker:
     def __init__(self) -> None:
         self.executed: list[int] = []  # number of finished ids of each step, as a step tag
         self.lock = threading.Lock()
+
+    def launch_step(self, step: StepInput) -> DoneStep:
+        return DoneStep(self.execute_step(step))
 
     def execute_step(self, step: StepInput) -> StepOutput:
         if "boom" in step.finished_req_ids:
