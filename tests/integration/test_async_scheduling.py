@@ -125,10 +125,20 @@ def run_workload(tmp_path, async_scheduling: bool) -> tuple[list[Answer], dict[s
     return answers, figures
 
 
-@pytest.mark.timeout(1200)
+def run_with_preemptions(tmp_path, async_scheduling: bool, attempts: int = 3) -> tuple[list[Answer], dict]:
+    """The workload until a run preempts: whether the tiny pool runs out depends on how the arrivals fall into
+    steps (in about 1 of 5 fresh-clone runs one of the two stacks finished without a preemption)."""
+    for _ in range(attempts):
+        answers, figures = run_workload(tmp_path, async_scheduling)
+        if figures["num_preemptions_total"] > 0:
+            break
+    return answers, figures
+
+
+@pytest.mark.timeout(1800)
 def test_async_scheduling_gives_the_serial_loops_outputs(tmp_path):
-    serial, serial_figures = run_workload(tmp_path, async_scheduling=False)
-    overlapped, overlapped_figures = run_workload(tmp_path, async_scheduling=True)
+    serial, serial_figures = run_with_preemptions(tmp_path, async_scheduling=False)
+    overlapped, overlapped_figures = run_with_preemptions(tmp_path, async_scheduling=True)
     assert serial_figures["num_preemptions_total"] > 0 and overlapped_figures["num_preemptions_total"] > 0
     assert overlapped[:NUM_DISTINCT] == serial[:NUM_DISTINCT]
     reasons = {answer.finish_reason for answer in serial[:NUM_DISTINCT]}
