@@ -18,9 +18,14 @@ from tests.unit.deploy import alert_rules, deploy_tools
 
 
 def _rules(url: str) -> list[dict]:
+    """The rules as the API lists them; none while Prometheus is not up (no answer yet, or its plain-text 503 while
+    the TSDB opens)."""
     try:
-        reply = httpx.get(url + "/api/v1/rules", timeout=2).json()
-    except httpx.HTTPError:
+        response = httpx.get(url + "/api/v1/rules", timeout=2)
+        reply = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return []
+    if reply is None:
         return []
     return [rule for group in reply["data"]["groups"] for rule in group["rules"]]
 
