@@ -49,7 +49,8 @@ def _apply_penalties(logits: torch.Tensor, p: Penalties) -> None:
     logits -= p.presence[:, None] * (p.output_counts > 0).float()
 
 
-def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Each random row's distribution after temperature, top-k/p and min-p, not renormalised after min-p."""
     temperature = torch.where(batch.temperature == 0.0, torch.ones_like(batch.temperature), batch.temperature)
     logits = logits / temperature[:, None]
     if batch.top_k is not None or batch.top_p is not None:
@@ -58,7 +59,11 @@ def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.min_p is not None:
         max_prob = probs.max(dim=-1, keepdim=True).values
         probs = probs.masked_fill(probs < batch.min_p[:, None] * max_prob, 0.0)
-    return _exponential_race(probs, batch.generators)
+    return probs
+
+
+def _sample_random(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    return _exponential_race(filtered_probs(logits, batch), batch.generators)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:

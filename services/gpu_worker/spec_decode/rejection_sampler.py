@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.sampler import _apply_bias_and_penalties, _exponential_race, _top_k_top_p
+from services.gpu_worker.sampler import _apply_bias_and_penalties, _exponential_race, filtered_probs
 from services.gpu_worker.sampling_batch import SamplingBatch
 
 
@@ -28,14 +28,7 @@ class Verification:
 
 def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """The distribution `sample` draws from for each random row (after penalties and bias), normalised."""
-    temperature = torch.where(batch.temperature == 0.0, torch.ones_like(batch.temperature), batch.temperature)
-    logits = logits / temperature[:, None]
-    if batch.top_k is not None or batch.top_p is not None:
-        logits = _top_k_top_p(logits, batch.top_k, batch.top_p)
-    probs = torch.softmax(logits, dim=-1)
-    if batch.min_p is not None:
-        max_prob = probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < batch.min_p[:, None] * max_prob, 0.0)
+    probs = filtered_probs(logits, batch)
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
