@@ -12,12 +12,14 @@ from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import chat_logprobs
 from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
 from services.gateway.api.request_fields import check_extra_fields
-from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
+from services.gateway.api.request_run import (
+    collect_until_disconnect,
+    replica_header,
+    stream_choices,
+)
 from services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
 from services.gateway.api.serving import Serving
-from services.gateway.api.sse import sse_events
 from services.gateway.api.sse_template import TextChunkTemplate, text_marker
-from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
 from services.gateway.api.usage import usage_of
 from services.gateway.http.errors import OpenAIError
 from services.gateway.structured.chat_answer import AnswerParsing, StreamedAnswers, message_of
@@ -112,13 +114,8 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": _with_reasoning_tokens(
             usage, serving, answers.reasoning_texts() if reasoning and answers else None)}) \
             if body.include_usage else None
-        served_by: list[str] = []
-        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
-                                            serving.admission)
-        events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
-        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
-                                  replica_header(served_by))
-    served_by = []
+        return await stream_choices(request, serving, jobs, ENDPOINT, req_id, head, to_chunk, usage_chunk)
+    served_by: list[str] = []
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
     choices, reasoning_texts = [], []
     for r in results:

@@ -13,12 +13,14 @@ from services.gateway.api.generation import ChoiceDelta
 from services.gateway.api.logprobs_format import completion_logprobs
 from services.gateway.api.protocol import CompletionRequest
 from services.gateway.api.request_fields import check_extra_fields
-from services.gateway.api.request_run import collect_until_disconnect, replica_header, run_choices
+from services.gateway.api.request_run import (
+    collect_until_disconnect,
+    replica_header,
+    stream_choices,
+)
 from services.gateway.api.sampling import RequestShape, check_token_ids
 from services.gateway.api.serving import Serving
-from services.gateway.api.sse import sse_events
 from services.gateway.api.sse_template import TextChunkTemplate, text_marker
-from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
 from services.gateway.api.usage import usage_of
 from services.gateway.http.errors import OpenAIError
 from services.gateway.structured.structured_outputs import constraint_of
@@ -100,13 +102,8 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         head = [{**base, "choices": [{"index": job.index, "text": echoes[job.prompt_index], "logprobs": None,
                                       "finish_reason": None}], **extra} for job in jobs if body.echo]
         usage_chunk = (lambda usage: {**base, "choices": [], "usage": usage}) if body.include_usage else None
-        served_by: list[str] = []
-        stream = await first_delta_or_error(request, run_choices(serving, jobs, ENDPOINT, req_id, served_by),
-                                            serving.admission)
-        events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
-        return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
-                                  replica_header(served_by))
-    served_by = []
+        return await stream_choices(request, serving, jobs, ENDPOINT, req_id, head, to_chunk, usage_chunk)
+    served_by: list[str] = []
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
                 "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None

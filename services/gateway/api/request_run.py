@@ -20,6 +20,8 @@ from services.gateway.api.generation import (
     stream_choice,
 )
 from services.gateway.api.serving import Serving
+from services.gateway.api.sse import sse_events
+from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
 from services.gateway.api.usage import UsageTracker
 from services.gateway.tenants.current import current_tenant
 from shared.tracing import gen_ai_request_attributes, get_tracer, record_error
@@ -78,3 +80,15 @@ async def collect_until_disconnect(request: Request, serving: Serving, jobs: lis
         return await unless_disconnected(request, task, cut)
     finally:
         serving.admission.release(cut)
+
+
+async def stream_choices(request, serving: Serving, jobs, endpoint: str, req_id: str, head: list[dict], to_chunk,
+                         usage_chunk) -> StallGuardedStream:
+    """The choices run and streamed as SSE events (the first delta, or the error before it, decides the status),
+    the stream cut if it stalls; the replica that served it named in a header."""
+    served_by: list[str] = []
+    stream = await first_delta_or_error(request, run_choices(serving, jobs, endpoint, req_id, served_by),
+                                        serving.admission)
+    events = sse_events(stream.deltas, head, to_chunk, usage_chunk, req_id)
+    return StallGuardedStream(events, stream, req_id, serving.config.stream_stall_timeout_s,
+                              replica_header(served_by))
