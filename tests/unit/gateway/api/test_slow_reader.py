@@ -57,7 +57,8 @@ def http_gateway(tokenizer, stall_timeout_s: float) -> Iterator[tuple[int, Endle
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: serving.ready, 30, what="the gateway ready")
+        # lifespan startup (serving.ready) runs before uvicorn binds its socket: wait for both
+        wait_for(lambda: serving.ready and server.started, 30, what="the gateway ready and listening")
         yield port, fake, serving
     finally:
         server.should_exit = True
