@@ -713,12 +713,14 @@ def metric_names() -> frozenset[str]:
     from services.gateway.http.metrics import GatewayMetrics
     from services.gateway.routing.replica_gauges import ReplicaStateCollector
     from services.gateway.routing.router_metrics import RouterMetrics
+    from services.gateway.tenants.metrics import TenantMetrics
     from services.scheduler.metrics import SchedulerMetrics
     from shared.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}
-    for metrics in (GatewayMetrics(), RouterMetrics(CollectorRegistry()), SchedulerMetrics(lambda: None)):
+    for metrics in (GatewayMetrics(), RouterMetrics(CollectorRegistry()), TenantMetrics(CollectorRegistry()),
+                    SchedulerMetrics(lambda: None)):
         for value in vars(metrics).values():
             if isinstance(value, MetricWrapperBase):
                 base = value._name
