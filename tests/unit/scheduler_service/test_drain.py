@@ -14,6 +14,7 @@ from services.launcher import stop_timeouts
 from services.scheduler.drain import drain
 from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.integrity import check_integrity
+from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.readiness import NotReady, Readiness
 from services.scheduler.redis_state import NullStateWriter
 from services.scheduler.scheduler import Scheduler
@@ -112,6 +113,8 @@ async def test_a_drain_hands_off_what_would_outlive_it_before_its_timeout_and_fr
     assert streamed[0] >= 1 and streamed[2] == 0 and max(streamed) < 40
     assert report.ok and report.num_used_blocks == 0 and report.num_live_requests == 0, report
     assert loop.scheduler.snapshot_stats().num_finished == {"handoff": 3}
+    exposition = SchedulerMetrics(lambda: (loop.scheduler.snapshot_stats(), "fake")).render().decode()
+    assert 'pagedserve_request_success_total{finished_reason="handoff",model_name="fake"} 3.0' in exposition
 
 
 @pytest.mark.asyncio
