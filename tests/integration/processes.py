@@ -28,6 +28,15 @@ def port_is_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead and awaiting its parent's wait, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def wait_for(condition, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
