@@ -19,12 +19,14 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.internal_tls import InternalTLSConfig, sync_channel
 from shared.default_model import is_complete
 
 
-def grpc_serving(address: str, timeout_s: float, service: str = "") -> bool:
-    """True when the server at `address` reports `service` SERVING ("": liveness, the process as a whole)."""
-    with grpc.insecure_channel(address) as channel:
+def grpc_serving(address: str, timeout_s: float, service: str = "", tls: InternalTLSConfig | None = None) -> bool:
+    """True when the server at `address` reports `service` SERVING ("": liveness, the process as a whole); over
+    TLS when `tls` dials it."""
+    with sync_channel(address, tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
                                                               timeout=timeout_s)

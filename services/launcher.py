@@ -187,7 +187,7 @@ def wait_until_healthy(config: ServeConfig, children: list[Child], stop: threadi
         return not stop.is_set() and _exited(children) is None and time.monotonic() < deadline_s
 
     for scheduler in schedulers:
-        while waiting() and not grpc_serving(scheduler, 2.0, SCHEDULER_SERVICE):
+        while waiting() and not grpc_serving(scheduler, 2.0, SCHEDULER_SERVICE, config.gateway.tls):
             stop.wait(0.25)
     with httpx.Client(base_url=_base_url(config), timeout=5.0, trust_env=False) as client:
         while waiting():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 from typing import Protocol
 
+import grpc
+
 GRPC_SERVER_OPTIONS = [("grpc.so_reuseport", 0)]  # one listener per port: a port in use is an error, not shared
 
 
@@ -25,6 +27,8 @@ class PortInUseError(OSError):
 
 class _GrpcServer(Protocol):
     def add_insecure_port(self, address: str) -> int: ...
+
+    def add_secure_port(self, address: str, server_credentials: grpc.ServerCredentials) -> int: ...
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -45,11 +49,14 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def bind_grpc_port(server: _GrpcServer, host: str, port: int, what: str, flag: str) -> None:
-    """server.add_insecure_port, raising PortInUseError when the port is taken (the server must have been built
-    with GRPC_SERVER_OPTIONS, else it would share the port instead)."""
+def bind_grpc_port(server: _GrpcServer, host: str, port: int, what: str, flag: str,
+                   credentials: grpc.ServerCredentials | None = None) -> None:
+    """server.add_insecure_port (add_secure_port with credentials), raising PortInUseError when the port is taken
+    (the server must have been built with GRPC_SERVER_OPTIONS, else it would share the port instead)."""
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = server.add_insecure_port(address) if credentials is None else \
+            server.add_secure_port(address, credentials)
     except RuntimeError:  # grpcio >= 1.55 raises instead of returning 0
         bound = 0
     if bound == 0:

@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         logging.getLogger("pagedserve.gateway").warning("%s", NO_TEMPLATE)
     replicas = ReplicaSet(parse_targets(config.scheduler_address),
                           lambda address: SchedulerClient(address, config.scheduler_timeout_s, config.health_timeout_s,
-                                                          config.internal_token),
+                                                          config.internal_token, config.tls),
                           config.health_poll_interval_s, config.scheduler_resolve_interval_s,
                           health_timeout_s=config.health_timeout_s)
     mirror = PrefixMirror(config.redis_url) if config.redis_url and config.routing == "prefix" else None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from services.gateway.http.cors import parse_list
@@ -12,6 +12,7 @@ from services.gateway.structured.reasoning_parsers import REASONING_FORMATS
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
 from services.gateway.tenants.keys_file import load_keys_file
 from services.gateway.text.chat_template import load_chat_template
+from services.internal_tls import InternalTLSConfig
 from shared.cli_config import check_choices, flag_name
 from shared.event_loop import Loop
 from shared.log_setup import LogLevel
@@ -35,6 +36,7 @@ class GatewayConfig:
     routing_load_cost_tokens: int = 128  # prefix routing: prompt tokens one request queued on a replica is worth
     routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
+    tls: InternalTLSConfig = field(default_factory=InternalTLSConfig)  # to the schedulers: services/internal_tls.py
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
     # Tenants: a YAML or JSON file mapping API keys to tenants and their limits (docs/tenants.md); reloaded when it
     # changes. With --api-key too, that key is one more tenant ("default"). Rate limits are shared through

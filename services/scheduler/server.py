@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.grpc_errors import RequestFailed
 from services.internal_auth import AsyncTokenInterceptor
+from services.internal_tls import server_credentials
 from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from services.proto_gen import scheduler_pb2_grpc
 from services.scheduler.admission import AdmissionControl
@@ -116,6 +117,19 @@ def instance_id_of(config: SchedulerServiceConfig) -> str:
     return config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
 
 
+def health_only_server(config: SchedulerServiceConfig, health_servicer: health.aio.HealthServicer
+                       ) -> grpc.aio.Server | None:
+    """A plaintext server of gRPC health alone on --health-port (None without one): probes that cannot speak TLS
+    see the same liveness and readiness as the gRPC port, and nothing else."""
+    if not config.health_port:
+        return None
+    server = grpc.aio.server(options=GRPC_SERVER_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bind_grpc_port(server, config.scheduler_host, config.health_port, "the scheduler's health server",
+                   "--health-port")
+    return server
+
+
 async def serve(config: SchedulerServiceConfig) -> None:
     server = grpc.aio.server(options=GRPC_SERVER_OPTIONS, interceptors=[AsyncTokenInterceptor(config.internal_token)])
     servicer = SchedulerServicer(instance_id_of(config), bool(config.state.redis_url))
@@ -126,7 +140,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{config.scheduler_host}:{config.scheduler_port}"
     bind_grpc_port(server, config.scheduler_host, config.scheduler_port, "the scheduler's gRPC server",
-                   "--scheduler-port")
+                   "--scheduler-port", server_credentials(config.tls))
+    health_server = health_only_server(config, health_servicer)
     metrics = SchedulerMetrics(lambda: _stats_source(servicer), lambda: _spec_source(servicer))
     metrics_runner = None
     if config.metrics_port:
@@ -138,7 +153,10 @@ async def serve(config: SchedulerServiceConfig) -> None:
                                      "--metrics-port") from None
             raise
     await server.start()
-    log.info("scheduler gRPC on %s; worker at %s; /metrics on %s", address, config.worker_address,
+    if health_server is not None:
+        await health_server.start()
+    log.info("scheduler gRPC on %s (%s); worker at %s; /metrics on %s", address,
+             "TLS" if config.tls.serves_tls else "plaintext", config.worker_address,
              f"{config.metrics_host}:{config.metrics_port}" if config.metrics_port else "(off)")
 
     stop = asyncio.Event()
@@ -153,6 +171,8 @@ async def serve(config: SchedulerServiceConfig) -> None:
     await drain(servicer.engine, readiness, config.drain_timeout_s, config.drain_handoff_margin_s)
     await health_servicer.set(SERVICE_NAME, _NOT_SERVING)
     await server.stop(FLUSH_GRACE_S)  # the streams' last chunks (or errors) reach the gateway
+    if health_server is not None:
+        await health_server.stop(0)
     for task in [startup, *tasks]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

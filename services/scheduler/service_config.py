@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.internal_tls import InternalTLSConfig
 from services.scheduler.admission import AdmissionConfig
 from services.scheduler.redis_state import RedisStateConfig
 from services.scheduler.scheduler_config import SchedulerConfig
@@ -18,8 +19,12 @@ class SchedulerServiceConfig:
     scheduler: SchedulerConfig
     state: RedisStateConfig
     admission: AdmissionConfig
+    tls: InternalTLSConfig = field(default_factory=InternalTLSConfig)  # services/internal_tls.py
     scheduler_host: str = "127.0.0.1"  # interface the scheduler's gRPC server binds
     scheduler_port: int = 50051  # the scheduler's gRPC port (the gateway's --scheduler-address points here)
+    # a plaintext port serving gRPC health alone (kubelet probes cannot speak TLS); 0: none. Health is always on the
+    # gRPC port too.
+    health_port: int = 0
     metrics_host: str = "127.0.0.1"  # interface of this scheduler's Prometheus /metrics (0.0.0.0 for all)
     metrics_port: int = 0  # HTTP port of this scheduler's Prometheus /metrics (8001 under `serve`); 0: none
     worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker

@@ -1,10 +1,12 @@
 """Gauges read at scrape time from the router: each replica's health, open calls, load and indexed prefix blocks,
-whether the prefix index is current, and the routing policy."""
+how much of its cache the other replicas duplicate (the scale-down victim signal, block_overlap.py; only for
+replicas whose index is current), whether the prefix index is current, and the routing policy."""
 
 from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
+from services.gateway.routing.block_overlap import OverlapCache
 from services.gateway.routing.router import Router
 
 
@@ -13,6 +15,7 @@ class ReplicaStateCollector:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.overlap = OverlapCache()
 
     def collect(self):
         router, labels = self.router, ["replica", "address"]
@@ -24,6 +27,13 @@ class ReplicaStateCollector:
         indexed = GaugeMetricFamily("pagedserve_gateway_prefix_index_blocks",
                                     "cached KV blocks of the replica in this gateway's prefix index (0 while the index "
                                     "is not current)", labels=labels)
+        duplicated = GaugeMetricFamily(
+            "pagedserve_gateway_replica_duplicated_blocks_ratio", "share of the replica's cached KV blocks that "
+            "another replica also holds (1: removing it loses no cached prefix); the scale-down victim signal",
+            labels=labels)
+        unique = GaugeMetricFamily("pagedserve_gateway_replica_unique_blocks",
+                                   "cached KV blocks of the replica that no other replica holds", labels=labels)
+        views = {}
         for replica in router.replicas.replicas.values():
             values = [replica.name, replica.address]
             up.add_metric(values, int(replica.routable))
@@ -31,7 +41,14 @@ class ReplicaStateCollector:
             load.add_metric(values, router.load_of(replica))
             view = router.mirror.view(replica.name) if router.mirror is not None else None
             indexed.add_metric(values, len(view.keys) if view is not None else 0)
-        yield from (up, in_flight, load, indexed)
+            if view is not None:
+                views[replica.name] = (replica.address, view)
+        found = self.overlap.get({name: view.keys for name, (_, view) in views.items()},
+                                 {name: view.seq for name, (_, view) in views.items()})
+        for name, (address, _) in views.items():
+            duplicated.add_metric([name, address], found[name].duplicated_ratio)
+            unique.add_metric([name, address], found[name].unique)
+        yield from (up, in_flight, load, indexed, duplicated, unique)
         index_up = int(router.mirror is not None and router.mirror.connected)
         yield GaugeMetricFamily("pagedserve_gateway_prefix_index_up", "1 while the replicas' prefix indexes are read "
                                 "from Redis; 0: prefix routing falls back to consistent hashing", value=index_up)

@@ -11,6 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.gateway.routing.replicas import Health, ReplicaIdentity
 from services.internal_auth import token_metadata
+from services.internal_tls import InternalTLSConfig, aio_channel
 from services.proto_convert.common import description_from_pb
 from services.proto_convert.scheduler_contract import generate_request_to_pb, output_from_chunk, stats_from_pb
 from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
@@ -27,18 +28,19 @@ _CHANNEL_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.min_recon
 
 class SchedulerClient:
     def __init__(self, address: str, timeout_s: float, health_timeout_s: float | None = None,
-                 internal_token: str = "") -> None:
+                 internal_token: str = "", tls: InternalTLSConfig | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.health_timeout_s = timeout_s if health_timeout_s is None else health_timeout_s
         self.auth = token_metadata(internal_token)  # every call but health carries it
+        self.tls = InternalTLSConfig() if tls is None else tls
         self.channel: grpc.aio.Channel | None = None
         self._calls: set[grpc.aio.UnaryStreamCall] = set()  # open Generate calls
         self._abandoned: set[grpc.aio.UnaryStreamCall] = set()  # of those, cancelled by abandon_calls
 
     def connect(self) -> None:
         """Open the channel; call it inside the running event loop (an aio channel binds to its loop)."""
-        self.channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        self.channel = aio_channel(self.address, self.tls, _CHANNEL_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
 

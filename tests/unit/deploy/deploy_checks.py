@@ -33,7 +33,8 @@ from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
 
-OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa", "gpu-tp")  # keda, hpa: the optional components; tp: N GPUs
+# gpu-keda, gpu-hpa, gpu-mtls and gpu-inference-pool add the optional components to gpu; gpu-tp: N GPUs per engine
+OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa", "gpu-tp", "gpu-mtls", "gpu-inference-pool")
 IMAGE = "pagedserve"
 SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
     "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
@@ -78,11 +79,13 @@ def validate_schemas(root: Path, rendered: dict[str, list[dict]]) -> list[str]:
 
 
 def crd_schema_path(obj: dict) -> Path | None:
-    """The vendored schema of a custom kind (group_kind_version.json), None for a core kind."""
+    """The vendored schema of a custom kind (group_kind_version.json), None for a core kind (a group without a dot,
+    or a *.k8s.io group with no vendored schema: Kubernetes' own, which kubernetes-validate knows)."""
     group, _, version = obj["apiVersion"].rpartition("/")
-    if "." not in group or group.endswith(".k8s.io"):
+    path = CRD_SCHEMAS / f"{group}_{obj['kind'].lower()}_{version}.json"
+    if "." not in group or (group.endswith(".k8s.io") and not path.is_file()):
         return None
-    return CRD_SCHEMAS / f"{group}_{obj['kind'].lower()}_{version}.json"
+    return path
 
 
 @functools.cache
@@ -252,10 +255,12 @@ def container_command(container: dict, config_maps: dict[str, dict]) -> list[str
 # --- checks on rendered Kubernetes objects ---------------------------------------------------------------------
 
 def check_references(objects: list[dict]) -> list[str]:
-    """Every ConfigMap, Secret (and key), PVC and volume a pod refers to exists."""
+    """Every ConfigMap, Secret (and key), PVC and volume a pod refers to exists (a Secret volume may come from a
+    cert-manager Certificate)."""
     problems = []
     config_maps, secrets = by_kind(objects, "ConfigMap"), by_kind(objects, "Secret")
     claims = by_kind(objects, "PersistentVolumeClaim")
+    issued = {c["spec"]["secretName"] for c in by_kind(objects, "Certificate").values()}
     for pod in pods(objects):
         volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
         for volume in volumes.values():
@@ -263,6 +268,9 @@ def check_references(objects: list[dict]) -> list[str]:
                 problems.append(f"{pod.name}: volume {volume['name']} claims a missing PVC")
             if "configMap" in volume and volume["configMap"]["name"] not in config_maps:
                 problems.append(f"{pod.name}: volume {volume['name']} refers to a missing ConfigMap")
+            if "secret" in volume and volume["secret"]["secretName"] not in set(secrets) | issued:
+                problems.append(f"{pod.name}: volume {volume['name']} mounts Secret {volume['secret']['secretName']}, "
+                                "which neither these manifests nor a cert-manager Certificate make")
         for container in pod.containers():
             where = f"{pod.name}/{container['name']}"
             for mount in container.get("volumeMounts", []):
@@ -441,13 +449,18 @@ def check_resources(objects: list[dict], overlay: str) -> list[str]:
 
 
 def check_images(objects: list[dict]) -> list[str]:
-    problems = []
+    """Every image pinned to a version, and every pagedserve container of an overlay on the same one."""
+    problems, ours = [], set()
     for pod in pods(objects):
         for container in pod.containers():
             image = container["image"]
             tag = image.rsplit(":", 1)[1] if ":" in image.split("/")[-1] else ""
             if "@sha256:" not in image and (not tag or tag == "latest"):
                 problems.append(f"{pod.name}/{container['name']}: image {image} is not pinned to a version")
+            if image.split(":")[0].endswith(IMAGE):
+                ours.add(image)
+    if len(ours) > 1:
+        problems.append(f"pagedserve containers run different images: {sorted(ours)}")
     return problems
 
 
@@ -524,22 +537,27 @@ def check_commands(objects: list[dict]) -> list[str]:
                 problems.append(f"{where}: --worker-address {config.worker_address} is not its pod's worker")
             problems += _endpoint_problems(where, config.state.redis_url, service_ports)
         if module == "services.gateway":
-            problems += _gateway_problems(where, config, configs, services, service_ports)
+            problems += _gateway_problems(where, config, configs.get((pod_name, "services.scheduler")), configs,
+                                          services, service_ports)
     if len(model_dirs) > 1:
         problems.append(f"the fetch-model init containers and the services disagree on the model folder: "
                         f"{sorted(model_dirs)}")
     return problems
 
 
-def _gateway_problems(where: str, config, configs: dict, services: dict[str, dict],
+def _gateway_problems(where: str, config, local_scheduler, configs: dict, services: dict[str, dict],
                       service_ports: dict[str, set[int]]) -> list[str]:
     """Each --scheduler-address entry is a headless Service on the schedulers' port (one address per engine pod,
-    each a replica to route to); prefix routing reads the engines' indexes from a Redis Service."""
+    each a replica to route to), or, for a gateway inside an engine pod, that pod's own scheduler on localhost;
+    prefix routing reads the engines' indexes from a Redis Service."""
     problems = []
     schedulers = [c for (_, m), c in configs.items() if m == "services.scheduler"]
     for target in config.scheduler_address.split(","):
         host, port = target.strip().rsplit(":", 1)
-        if int(port) not in service_ports.get(host, set()) or not any(
+        if host == "127.0.0.1":
+            if local_scheduler is None or local_scheduler.scheduler_port != int(port):
+                problems.append(f"{where}: --scheduler-address {target} is no scheduler of its own pod")
+        elif int(port) not in service_ports.get(host, set()) or not any(
                 s.scheduler_port == int(port) for s in schedulers):
             problems.append(f"{where}: --scheduler-address {target} reaches no scheduler")
         elif services[host]["spec"].get("clusterIP") != "None":
@@ -802,10 +820,11 @@ def all_problems(root: Path) -> list[str]:
             problems += [f"[{overlay}] {p}" for p in check(objects)]
         problems += [f"[{overlay}] {p}" for p in check_security(objects, image_user)]
         problems += [f"[{overlay}] {p}" for p in check_resources(objects, overlay)]
-    from tests.unit.deploy import hardening_checks
+    from tests.unit.deploy import extension_checks, hardening_checks
 
     for overlay, objects in rendered.items():
         problems += [f"[{overlay}] {p}" for p in hardening_checks.all_problems(objects, overlay)]
+        problems += [f"[{overlay}] {p}" for p in extension_checks.all_problems(objects)]
     for variant in COMPOSE_FILES:
         config, found = compose_config(root, variant)
         problems += found + (check_compose(config, variant) if config else [])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.deploy import deploy_checks as checks
+from tests.unit.deploy import extension_checks
 from tests.unit.deploy.deploy_copy import copy_deploy_files
 
 
@@ -33,6 +34,27 @@ def test_every_rendered_object_passes_strict_schema_validation(root, rendered):
     assert {"ScaledObject", "PodMonitor", "ServiceMonitor", "PrometheusRule"} <= {
         obj["kind"] for obj in rendered["gpu-keda"]}
     assert {"PodMonitor", "ServiceMonitor", "PrometheusRule"} <= {obj["kind"] for obj in rendered["gpu-hpa"]}
+    assert {"Certificate", "Issuer"} <= {obj["kind"] for obj in rendered["gpu-mtls"]}
+    assert "InferencePool" in {obj["kind"] for obj in rendered["gpu-inference-pool"]}
+
+
+@pytest.mark.parametrize("overlay", checks.OVERLAYS)
+def test_internal_tls_and_inference_pool(rendered, overlay):
+    assert extension_checks.all_problems(rendered[overlay]) == []
+
+
+def test_the_mtls_overlay_serves_tls_and_the_pool_overlay_routes_locally(rendered):
+    """The extension checks are not vacuous: each overlay really has what they check."""
+    configs = {(pod.name, checks.service_module(c)): cfg for pod, c, cfg in
+               extension_checks._service_configs(rendered["gpu-mtls"])}
+    assert configs["engine", "services.scheduler"].tls.serves_tls
+    assert configs["engine", "services.scheduler"].tls.internal_tls_ca  # mutual: clients must present one
+    assert configs["gateway", "services.gateway"].tls.internal_tls_cert
+    assert not configs.get(("engine", "services.gateway"))
+    pool_configs = {(pod.name, checks.service_module(c)): cfg for pod, c, cfg in
+                    extension_checks._service_configs(rendered["gpu-inference-pool"])}
+    assert pool_configs["engine", "services.gateway"].scheduler_address == "127.0.0.1:50051"
+    assert not any(cfg.tls.serves_tls for cfg in pool_configs.values())
 
 
 @pytest.mark.parametrize("check", [checks.check_references, checks.check_services, checks.check_probes,

@@ -1,7 +1,7 @@
 """A real Prometheus (Debian's) started with the shipped compose configuration loads every rule from
 deploy/prometheus/rules and evaluates each without error; its scrape targets (compose's service names) do not
 resolve here, so the target-down alert goes pending for both jobs. (tests/integration/test_prometheus_dashboard.py
-evaluates the dashboard's queries against live services.)"""
+evaluates every rule and every dashboard query against a live `pagedserve serve`.)"""
 
 from __future__ import annotations
 
