@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -33,6 +34,8 @@ from opentelemetry import trace
 from services.gateway.routing.replicas import Replica
 from services.gateway.routing.router import Router
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+
+log = logging.getLogger(__name__)
 
 ResumeReason = Literal["replica_failed", "drain"]
 RESUME_REASONS: tuple[ResumeReason, ...] = ("replica_failed", "drain")
@@ -95,7 +98,7 @@ async def generate_resuming(router: Router, request: GenerateRequest, served_by:
             async with contextlib.aclosing(router.generate(leg.request, served_by, tuple(left), leg.called)) as outs:
                 async for out in outs:
                     if resumed_from is not None:
-                        _record_resume(router, *resumed_from, leg.replica.name if leg.replica else "")
+                        _record_resume(router, leg.request, *resumed_from, leg.replica.name if leg.replica else "")
                         resumed_from = None
                     produced.extend(out.new_token_ids)
                     if out.finish_reason is FinishReason.HANDOFF:
@@ -123,7 +126,10 @@ async def generate_resuming(router: Router, request: GenerateRequest, served_by:
         resumed_from = (reason, old.name)
 
 
-def _record_resume(router: Router, reason: ResumeReason, old: str, new: str) -> None:
+def _record_resume(router: Router, request: GenerateRequest, reason: ResumeReason, old: str, new: str) -> None:
+    num_resumed = len(request.resumed_output_token_ids)
+    log.info("req_id=%s resumed on %s after %d tokens (%s on %s)", request.req_id, new, num_resumed, reason, old)
     router.metrics.resumed.labels(reason).inc()
     trace.get_current_span().add_event("resumed", {"reason": reason, "pagedserve.replica.old": old,
-                                                   "pagedserve.replica.new": new})
+                                                   "pagedserve.replica.new": new,
+                                                   "pagedserve.resumed_tokens": num_resumed})

@@ -80,7 +80,7 @@ async def test_a_replica_failing_after_k_tokens_is_resumed_elsewhere_without_a_g
     [span] = exporter.get_finished_spans()
     [event] = [e for e in span.events if e.name == "resumed"]
     assert dict(event.attributes) == {"reason": "replica_failed", "pagedserve.replica.old": first.instance_id,
-                                      "pagedserve.replica.new": second.instance_id}
+                                      "pagedserve.replica.new": second.instance_id, "pagedserve.resumed_tokens": 3}
 
 
 @pytest.mark.asyncio
