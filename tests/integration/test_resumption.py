@@ -33,6 +33,8 @@ from openai import AsyncOpenAI
 from tests.integration.processes import MODEL_DIR, RedisServer, wait_for
 from tests.integration.replica_stack import REPLICA_IDS, ReplicaStack, start_replica_stack
 
+pytestmark = pytest.mark.slow  # about 2.5 min: two replicas start, then three runs of the workload
+
 FULL = os.environ.get("SCALE") == "full"
 NUM_JSON, NUM_SEEDED, NUM_GREEDY = (8, 4, 4) if FULL else (4, 2, 2)
 MAX_TOKENS = 400 if FULL else 96
