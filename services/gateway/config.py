@@ -35,6 +35,9 @@ class GatewayConfig:
     redis_url: str = ""  # the Redis the schedulers publish prefix indexes and load to; empty: prefix routing hashes
     routing_load_cost_tokens: int = 128  # prefix routing: prompt tokens one request queued on a replica is worth
     routing_pending_ttl_s: float = 10.0  # prefix routing: a prompt sent to a replica counts as cached there this long
+    # A request whose replica fails mid-way is resumed on another as a continuation at most this many times (then
+    # the client gets the error); hand-offs from a draining replica do not count (docs/replicas.md).
+    max_resumes: int = 2
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     tls: InternalTLSConfig = field(default_factory=InternalTLSConfig)  # to the schedulers: services/internal_tls.py
     api_key: str | None = None  # when set, /v1/*, /tokenize and /detokenize need `Authorization: Bearer KEY`
@@ -111,5 +114,7 @@ class GatewayConfig:
                 check_redis_url(self.redis_url)
             except ValueError as exc:
                 raise ValueError(f"--redis-url {exc}") from None  # never the URL: it may hold the password
+        if self.max_resumes < 0:
+            raise ValueError(f"max_resumes must be >= 0, got {self.max_resumes}")
         if self.routing_load_cost_tokens < 0 or self.routing_pending_ttl_s < 0:
             raise ValueError("routing_load_cost_tokens and routing_pending_ttl_s must be >= 0")

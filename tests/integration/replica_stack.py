@@ -24,6 +24,15 @@ class Service:
     name: str
     process: subprocess.Popen
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+
+    def restart(self) -> None:
+        """Start it again as it was started (after it died or was stopped), appending to its log."""
+        self.stop()
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", *self.argv], stdout=log, stderr=subprocess.STDOUT,
+                                            cwd=REPO, env=self.env)
 
     def log_tail(self, num_lines: int = 30) -> str:
         lines = self.log_path.read_text(errors="replace").splitlines()[-num_lines:]
@@ -99,27 +108,31 @@ def _start(name: str, argv: list[str], tmp_dir: Path, env: dict) -> Service:
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                    env=env)
-    return Service(name, process, log_path)
+    return Service(name, process, log_path, argv, env)
 
 
-def start_replica_stack(tmp_dir: Path, redis_server: RedisServer) -> ReplicaStack:
+def start_replica_stack(tmp_dir: Path, redis_server: RedisServer, worker_flags: tuple[str, ...] = (),
+                        scheduler_flags: tuple[str, ...] = (), gateway_flags: tuple[str, ...] = (),
+                        routings: tuple[str, ...] = ("prefix", "round-robin")) -> ReplicaStack:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
     env["PYTHONUNBUFFERED"] = "1"
     worker_ports, scheduler_ports = [free_port(), free_port()], [free_port(), free_port()]
     workers = [_start(f"worker-{i}", ["services.gpu_worker", str(MODEL_DIR), "--worker-port", str(port),
-                                      "--num-threads", "1", "--kv-cache-memory-bytes", "256MiB"], tmp_dir, env)
+                                      "--num-threads", "1", "--kv-cache-memory-bytes", "256MiB", *worker_flags],
+                       tmp_dir, env)
                for i, port in enumerate(worker_ports)]
     schedulers = [_start(f"scheduler-{i}", [
         "services.scheduler", "--scheduler-port", str(port), "--worker-address", f"127.0.0.1:{worker_ports[i]}",
         "--instance-id", REPLICA_IDS[i], "--redis-url", redis_server.url, "--redis-prefix-sync-interval-s", "0.05",
-        "--redis-stats-interval-s", "0.1"], tmp_dir, env) for i, port in enumerate(scheduler_ports)]
+        "--redis-stats-interval-s", "0.1", *scheduler_flags], tmp_dir, env) for i, port in enumerate(scheduler_ports)]
     addresses = ",".join(f"127.0.0.1:{port}" for port in scheduler_ports)
     gateways = {}
-    for routing in ("prefix", "round-robin"):
+    for routing in routings:
         port = free_port()
         gateways[routing] = (_start(f"gateway-{routing}", [
             "services.gateway", str(MODEL_DIR), "--port", str(port), "--scheduler-address", addresses,
-            "--routing", routing, "--redis-url", redis_server.url, "--health-poll-interval-s", "0.5"], tmp_dir, env),
+            "--routing", routing, "--redis-url", redis_server.url, "--health-poll-interval-s", "0.5", *gateway_flags],
+            tmp_dir, env),
             port)
     services = [*workers, *schedulers, *(gateway for gateway, _ in gateways.values())]
     return ReplicaStack(redis_server, workers, schedulers, gateways, services)

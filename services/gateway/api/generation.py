@@ -1,5 +1,7 @@
 """Run the choices of one API request: one scheduler stream per choice, detokenized, stop strings applied.
 
+A choice whose replica fails or drains is resumed on another (resumption.py) below this module: the detokenizer and
+the stop-string state here carry on across the resume, so the client sees one stream.
 A choice that hits a stop string closes its stream, which cancels the gRPC call and aborts the request in the
 scheduler. Closing the merged iterator (the client went away) closes every choice the same way.
 """
@@ -11,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from services.gateway.routing.resumption import generate_resuming
 from services.gateway.routing.router import Router
 from services.gateway.text.detokenizer import IncrementalDetokenizer
 from services.gateway.text.stop_strings import StopStringMatcher
@@ -67,7 +70,7 @@ async def stream_choice(router: Router, tokenizer: PromptTokenizer, job: ChoiceJ
     detokenizer = IncrementalDetokenizer(tokenizer, job.request.prompt_token_ids)
     stops = StopStringMatcher(job.stop, job.include_stop)
     pending_logprobs: list[TokenLogprobs] = []
-    async with contextlib.aclosing(router.generate(job.request, served_by)) as outputs:
+    async with contextlib.aclosing(generate_resuming(router, job.request, served_by)) as outputs:
         async for out in outputs:
             pending_logprobs.extend(lp for lp in out.new_logprobs if lp is not None)
             text = detokenizer.add(out.new_token_ids) + (detokenizer.flush() if out.finished else "")

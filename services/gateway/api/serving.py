@@ -60,7 +60,7 @@ class Serving:
     def __post_init__(self) -> None:
         self.admission = Admission(self.config.max_open_requests)
         config = RouterConfig(self.config.routing, self.config.routing_load_cost_tokens,
-                              self.config.routing_pending_ttl_s)
+                              self.config.routing_pending_ttl_s, self.config.max_resumes)
         self.router = Router(config, self.replicas, self.mirror, RouterMetrics(self.metrics.registry))
         self.admission.refusing_for_s = self.router.refusing_for_s
         self.metrics.registry.register(ReplicaStateCollector(self.router))

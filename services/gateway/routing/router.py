@@ -5,7 +5,8 @@ internal) is retried once on another live replica; UNAVAILABLE also takes the re
 check passes. An overloaded replica's refusal says how long it will refuse arrivals (`admit-after-ms`, at most a
 second): until then routing passes it over while another is open, and `refusing_for_s` tells the gateway's
 admission gate to shed arrivals before reading them when every replica refuses. Once output has been streamed,
-errors go to the client as they are (a stream ends with an error event and [DONE]). The router never touches
+errors go up as they are: resumption.py resumes the request elsewhere when the replica failed, else the stream
+ends with an error event and [DONE]. The router never touches
 Redis: it reads the PrefixMirror's memory.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 import grpc
@@ -47,6 +48,7 @@ class RouterConfig:
     policy: RoutingPolicy = "prefix"
     load_cost_tokens: int = 128  # W in routing.py: prompt tokens one queued request is worth
     pending_ttl_s: float = 10.0  # a prompt sent to a replica counts as cached there this long (until published)
+    max_resumes: int = 2  # replica failures a request may be resumed from (resumption.py)
 
 
 class PendingPrefixes:
@@ -168,15 +170,19 @@ class Router:
 
     # --- calling --------------------------------------------------------------------------------------------
 
-    async def generate(self, request: GenerateRequest, served_by: list[str] | None = None
-                       ) -> AsyncIterator[RequestOutput]:
-        """The request's outputs from the replica routed to (retried once elsewhere before any output)."""
+    async def generate(self, request: GenerateRequest, served_by: list[str] | None = None,
+                       exclude: tuple[Replica, ...] = (), called: list[Replica] | None = None
+                       ) -> AsyncGenerator[RequestOutput, None]:
+        """The request's outputs from the replica routed to (retried once elsewhere before any output), never one
+        in `exclude`; each replica a call is opened on is appended to `called` first."""
         tried: tuple[Replica, ...] = ()
         while True:
-            route = self.route(request, tried)
+            route = self.route(request, (*exclude, *tried))
             if route is None:
                 raise OpenAIError(503, "no scheduler replica is ready", code="service_unavailable")
             replica, started = route.replica, False
+            if called is not None:
+                called.append(replica)
             self.metrics.routed(route)
             replica.num_in_flight += 1
             try:
@@ -198,7 +204,7 @@ class Router:
                 if exc.code() is grpc.StatusCode.UNAVAILABLE:
                     self.replicas.mark_failed(replica, exc.details() or exc.code().name)
                 tried = (replica,)
-                if not any(r not in tried for r in self.replicas.live()):
+                if not any(r not in tried and r not in exclude for r in self.replicas.live()):
                     raise  # nowhere else to go: the client gets this replica's answer (say, 429)
                 self.metrics.retries.labels(replica.name).inc()
             finally:

@@ -34,6 +34,11 @@ class RouterMetrics:
                                "requests that failed on the replica before any output and were retried elsewhere")
         self.fallbacks = counter("route_fallbacks", "prefix-routing decisions made without the Redis index "
                                  "(consistent hash of the first block, plus load)", labels=())
+        self.resumed = Counter("pagedserve_requests_resumed", "requests resumed on another replica as a "
+                               "continuation, by why they left theirs (replica_failed, drain)", ["reason"],
+                               registry=registry)
+        for reason in ("replica_failed", "drain"):
+            self.resumed.labels(reason)
         self.decision_seconds = Histogram("pagedserve_gateway_route_decision_seconds", "time to pick a replica",
                                           buckets=_DECISION_BUCKETS_S, registry=registry)
 

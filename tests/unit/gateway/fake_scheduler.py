@@ -1,9 +1,13 @@
-"""An in-memory stand-in for the scheduler client: replies with a fixed text, one token per output."""
+"""An in-memory stand-in for the scheduler client: replies with a fixed text, one token per output.
+
+A continuation (resumed_output_token_ids set) goes on from the reply's token after those it already has, as a
+scheduler does: outputs carry only new tokens and num_output_tokens counts the resumed ones too."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import grpc.aio
@@ -21,12 +25,23 @@ DESCRIPTION = ModelDescription(model_name="tiny-model", architecture="LlamaForCa
                                 dtype="float32", device="cpu", attention_backend="torch", kv_cache_bytes=1)
 
 
+@dataclass
+class FailOnce:
+    """Shared by several fakes: the first call (on any of them) to send `after` outputs fails with `error`."""
+
+    after: int
+    error: Exception
+    fired: bool = False
+
+
 class FakeSchedulerClient:
     def __init__(self, tokenizer, reply: str = "The capital of France is Paris.", serving: bool = True,
                  instance_id: str = "fake", description: ModelDescription = DESCRIPTION) -> None:
         self.reply_ids = tokenizer.encode(reply, add_special_tokens=False) + [EOS]
         self.serving = serving
         self.fail_after: tuple[int, Exception] | None = None  # (outputs sent, error): the scheduler fails mid-way
+        self.fail_once: FailOnce | None = None
+        self.handoff_after: int | None = None  # outputs sent, then the request is handed off (draining)
         self.fail_before_output: Exception | None = None  # every call fails with this before any output
         self.hung = False  # health gets no answer and calls produce nothing, until abandoned
         self.num_abandons = 0
@@ -52,10 +67,22 @@ class FakeSchedulerClient:
             raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
                                        "stopped answering")
         finished = False
+        resumed = len(request.resumed_output_token_ids)
+        assert request.resumed_output_token_ids == self.reply_ids[:resumed], "a continuation of another reply"
         try:
-            for n, token_id in enumerate(self.reply_ids[:request.sampling.max_tokens], start=1):
-                if self.fail_after is not None and n > self.fail_after[0]:
+            last = len(self.reply_ids[:request.sampling.max_tokens])
+            for sent, n in enumerate(range(resumed + 1, last + 1)):
+                token_id = self.reply_ids[n - 1]
+                if self.fail_after is not None and sent >= self.fail_after[0]:
                     raise self.fail_after[1]
+                if self.fail_once is not None and sent >= self.fail_once.after and not self.fail_once.fired:
+                    self.fail_once.fired = True
+                    raise self.fail_once.error
+                if self.handoff_after is not None and sent >= self.handoff_after:
+                    finished = True
+                    yield RequestOutput(request.req_id, [], [], FinishReason.HANDOFF, len(request.prompt_token_ids),
+                                        0, n - 1)
+                    return
                 finished = token_id == EOS or n == request.sampling.max_tokens
                 reason = None if not finished else FinishReason.STOP if token_id == EOS else FinishReason.LENGTH
                 yield RequestOutput(request.req_id, [token_id], [self._logprobs(request, token_id)], reason,

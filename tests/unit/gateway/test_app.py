@@ -222,6 +222,8 @@ def test_metrics_hold_no_engine_figures_and_never_ask_the_scheduler(tokenizer):
         fake.get_stats = None  # a scrape that called GetStats would fail
         metrics = client.get("/metrics").text
     names = {line.split("{")[0].split(" ")[0] for line in metrics.splitlines() if not line.startswith("#")}
+    names -= {"pagedserve_requests_resumed_total", "pagedserve_requests_resumed_created"}  # issue 46's name; the
+    # gateway alone resumes, so no engine reports it
     assert names and all(name.startswith(("pagedserve_http_", "pagedserve_gateway_")) for name in names), names
 
 
