@@ -5,7 +5,8 @@ Starts two `pagedserve serve MODEL_DIR` on free ports, one with `--batch-invaria
 stream count, one mode then the other (the order flips every round), with the same prompts for both, so that both
 see the same machine load. Only one server is busy at a time. Writes a JSON summary and a markdown table (output
 tok/s over all rounds, the median of the rounds' ITL medians, invariant/default ratios) with the machine's load
-(`uptime`) before and after.
+(`uptime`) before and after, rewritten after every pair of rounds (`complete`: false until the last), so that a
+run cut short still leaves what it measured.
 """
 
 from __future__ import annotations
@@ -57,12 +58,31 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def write_summary(args: argparse.Namespace, rounds: dict[int, dict[str, list[dict]]], header: dict,
+                  complete: bool) -> str:
+    """The summary of the rounds so far (stream counts both modes have run), to --out and its .md; the table."""
+    cells = {s: {mode: cell(runs) for mode, runs in modes.items()} for s, modes in rounds.items()
+             if all(modes[mode] for mode in MODES)}
+    markdown = table(cells)
+    summary = {**header, "load_after": load(), "complete": complete,
+               "cells": {s: {mode: vars(c) for mode, c in modes.items()} for s, modes in cells.items()},
+               "table": markdown}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown + "\n")
+    return markdown
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     flags = {"default": args.serve_args, "invariant": f"{args.serve_args} --batch-invariant true"}
     rounds: dict[int, dict[str, list[dict]]] = {s: {mode: [] for mode in MODES} for s in streams}
-    started, load_before = datetime.now(UTC).isoformat(timespec="seconds"), load()
+    header = {"started": datetime.now(UTC).isoformat(timespec="seconds"), "load_before": load(),
+              "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+              "model_dir": args.model_dir, "input_len": args.input_len, "output_len": args.output_len,
+              "rounds": args.rounds, "prompts_per_stream": args.prompts_per_stream, "serve_args": args.serve_args}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         servers = {mode: stack.enter_context(ServerProcess(local_pagedserve_spec(args.model_dir, flags[mode]),
                                                            Path(args.log_dir) / f"batch-invariant-{mode}.log"))
@@ -73,20 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in MODES if i % 2 == 0 else MODES[::-1]:  # same seed for both: the same prompts
                     rounds[s][mode].append(bench_round(args, servers[mode].spec.base_url, model, s, 100 + i,
                                                        f"{mode}-{s}-{i}.json", Path(tmp)))
-    cells = {s: {mode: cell(runs) for mode, runs in modes.items()} for s, modes in rounds.items()}
-    markdown = table(cells)
-    summary = {"started": started, "load_before": load_before, "load_after": load(), "cpus": os.cpu_count(),
-               "machine": platform.processor() or platform.machine(), "model_dir": args.model_dir,
-               "input_len": args.input_len, "output_len": args.output_len, "rounds": args.rounds,
-               "prompts_per_stream": args.prompts_per_stream, "serve_args": args.serve_args,
-               "cells": {s: {mode: vars(c) for mode, c in modes.items()} for s, modes in cells.items()},
-               "table": markdown}
-    print(markdown)
-    print(f"load average (1, 5, 15 min): before {summary['load_before']}, after {summary['load_after']}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown + "\n")
+                write_summary(args, rounds, header, complete=False)
+    print(write_summary(args, rounds, header, complete=True))
+    print(f"load average (1, 5, 15 min): before {header['load_before']}, after {load()}")
     return 0
 
 
