@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="rounds of each mode, alternating")
-    p.add_argument("--serve-args", default="--kv-cache-memory-bytes 1073741824",
-                   help="`pagedserve serve` flags both servers get, one shell-quoted string")
+    p.add_argument("--serve-args", default="--kv-cache-memory-bytes 1073741824 --max-queue-wait-s 0",
+                   help="`pagedserve serve` flags both servers get, one shell-quoted string (default: no queue-time "
+                        "bound, so that a busy machine's slow steps do not refuse streams with 429)")
     p.add_argument("--out", default="bench-results/batch-invariant.json")
     p.add_argument("--log-dir", default="bench-results/logs")
     return p
