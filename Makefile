@@ -6,6 +6,7 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
 .PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
+	bench-batch-invariant \
 	redis-server deploy-tools prometheus-rule compose-check gpu-check clean
 
 setup: $(STAMP) hooks
@@ -148,6 +149,14 @@ bench-latency: model
 STRUCTURED_ARGS ?=
 bench-structured: model
 	$(PY) -m benchmarks.structured --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/structured.json $(STRUCTURED_ARGS)
+
+# The price of --batch-invariant: default vs batch-invariant servers at 1, 16 and 64 streams, rounds alternating
+# (64-token outputs, 2 rounds: minutes on 2 cores); table in BENCH_OUT/batch-invariant.md
+# (docs/batch-invariance.md). BATCH_INVARIANT_ARGS: e.g. --rounds 3 --output-len 300.
+BATCH_INVARIANT_ARGS ?=
+bench-batch-invariant: model
+	$(PY) -m benchmarks.batch_invariant --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/batch-invariant.json \
+		--log-dir $(BENCH_OUT)/logs $(BATCH_INVARIANT_ARGS)
 
 # Routing over replicas: the router's own cost in process (p99 target 1 ms at 8 replicas, 1,000-token prompts),
 # then prefix vs round-robin vs least-load on 2 local replicas with a shared-prefix workload (docs/replicas.md);

@@ -6,8 +6,13 @@
  * add. The numbers are therefore bit for bit those of that path. What goes away is the Python between the kernels
  * (about 25 calls a layer; docs/cpu.md).
  *
+ * Attention runs in the C decode kernel, or (batch-invariant mode: `prefill` set) in the C prefill kernel with each
+ * row as a one-token chunk, as the layer-by-layer path runs it there: a row then gets the numbers it would get
+ * inside a prompt chunk, and the step still goes without Python between the kernels.
+ *
  * The kernels are not linked in: their entry points (int8_linear.c, packed_linear.c, fused_ops.c, paged_decode.c,
- * each already loaded by its own wrapper) arrive as function pointers in `kernels_t`, so each keeps one copy.
+ * paged_prefill.c, each already loaded by its own wrapper) arrive as function pointers in `kernels_t`, so each
+ * keeps one copy.
  * The KV cache write (fp32 or fp16 caches; fp16 rounds to nearest even, as torch's conversion) is the one step
  * done here.
  *
@@ -49,6 +54,8 @@ typedef void (*silu_mul_fn)(const void *, void *, int, int, int);
 typedef void (*rotary_fn)(void *, int64_t, const void *, const void *, int, int, int, int);
 typedef int (*decode_fn)(const void *, const void *, const void *, const int32_t *, int, const int32_t *, void *, int,
                          int, int, int, float, int, int);
+typedef int (*prefill_fn)(const void *, const void *, const void *, const int32_t *, int, const int32_t *,
+                          const int32_t *, void *, int, int, int, int, int, float, int, int);
 
 typedef struct {
     int8_linear_fn int8_linear;
@@ -57,7 +64,8 @@ typedef struct {
     rms_norm_fn rms_norm;
     silu_mul_fn silu_mul;
     rotary_fn rotary;
-    decode_fn decode; /* for this model's head size and cache dtype */
+    decode_fn decode;   /* for this model's head size and cache dtype */
+    prefill_fn prefill; /* for this cache dtype; non-NULL: attention runs here, rows as one-token chunks */
 } kernels_t;
 
 typedef struct {
@@ -70,6 +78,7 @@ typedef struct {
 /* The buffers of one call, each [rows, width]. */
 typedef struct {
     float *normed, *qkv, *query, *attn, *proj, *gate_up, *act;
+    int32_t *starts; /* [rows + 1]: 0, 1, ..., rows (row r as the one-token chunk r) */
 } scratch_t;
 
 static int project(const kernels_t *k, const projection_t *p, const float *x, float *y, int rows, int threads) {
@@ -124,6 +133,9 @@ static int attention(const model_t *m, const layer_t *l, const float *hidden, in
     write_kv(m, l, s->qkv, slots, rows);
     for (int r = 0; r < rows; r++) /* the queries, contiguous */
         memcpy(s->query + (int64_t)r * q_size, s->qkv + (int64_t)r * qkv_width, sizeof(float) * q_size);
+    if (k->prefill)
+        return k->prefill(s->query, l->key_cache, l->value_cache, tables, table_width, s->starts, seq_lens, s->attn,
+                          rows, m->heads, m->kv_heads, m->head_dim, m->block_size, m->scale, m->window, threads);
     return k->decode(s->query, l->key_cache, l->value_cache, tables, table_width, seq_lens, s->attn, rows, m->heads,
                      m->kv_heads, m->block_size, m->scale, m->window, threads);
 }
@@ -153,10 +165,16 @@ int decode_layers(const model_t *m, float *hidden, int rows, const float *cos, c
     int64_t total = 0;
     for (int i = 0; i < 7; i++) total += widths[i] * rows;
     float *base = malloc(sizeof(float) * total);
-    if (!base) return 2;
+    int32_t *starts = malloc(sizeof(int32_t) * (rows + 1));
+    if (!base || !starts) {
+        free(base);
+        free(starts);
+        return 2;
+    }
+    for (int r = 0; r <= rows; r++) starts[r] = r;
     float *parts[7];
     for (int64_t i = 0, at = 0; i < 7; at += widths[i] * rows, i++) parts[i] = base + at;
-    const scratch_t s = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]};
+    const scratch_t s = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], starts};
     int failed = 0;
     for (int i = 0; i < m->num_layers && !failed; i++) {
         failed = attention(m, &m->layers[i], hidden, rows, cos, sin, slots, tables, table_width, seq_lens, threads,
@@ -164,5 +182,6 @@ int decode_layers(const model_t *m, float *hidden, int rows, const float *cos, c
         if (!failed) failed = mlp(m, &m->layers[i], hidden, rows, threads, &s);
     }
     free(base);
+    free(starts);
     return failed;
 }

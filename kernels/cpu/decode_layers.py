@@ -1,5 +1,6 @@
 """All decoder layers of a decode-only step in one C call (decode_layers.c), over the other CPU kernels' entry points
-and the layers' packed weights, bound once."""
+and the layers' packed weights, bound once. Attention runs in the C decode kernel, or in the C prefill kernel (rows
+as one-token chunks: the batch-invariant mode's attention) where `Kernels.prefill` is given instead."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kernels.cpu.fused_ops import FusedOps
 from kernels.cpu.int8_linear import Int8Linear, Int8Weight
 from kernels.cpu.packed_linear import PackedLinear, PackedWeight
 from kernels.cpu.paged_decode import NativePagedDecode
+from kernels.cpu.paged_prefill import NativePagedPrefill
 
 _ptr, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds
@@ -28,7 +30,7 @@ class _Layer(ctypes.Structure):
                 ("gate_up", _Projection), ("down", _Projection), ("key_cache", _ptr), ("value_cache", _ptr)]
 
 
-_KERNELS = ("int8_linear", "packed_f32", "packed_coded", "rms_norm", "silu_mul", "rotary", "decode")
+_KERNELS = ("int8_linear", "packed_f32", "packed_coded", "rms_norm", "silu_mul", "rotary", "decode", "prefill")
 
 
 class _Model(ctypes.Structure):
@@ -75,12 +77,18 @@ class DecodeShape:
 
 @dataclass(frozen=True)
 class Kernels:
-    """The built kernels whose entry points the C call runs (int8: None when no layer takes int8 inputs)."""
+    """The built kernels whose entry points the C call runs (int8: None when no layer takes int8 inputs); attention:
+    `decode`, or `prefill` (rows as one-token chunks), exactly one of them."""
 
     int8: Int8Linear | None
     packed: PackedLinear
     fused: FusedOps
-    decode: NativePagedDecode
+    decode: NativePagedDecode | None
+    prefill: NativePagedPrefill | None = None
+
+    def __post_init__(self) -> None:
+        if (self.decode is None) == (self.prefill is None):
+            raise ValueError("the decode layers take one attention kernel: the decode one or the prefill one")
 
 
 def _address(entry) -> int:
@@ -123,7 +131,9 @@ class DecodeLayers:
         f32 = torch.float32
         entries = (kernels.int8.q4 if kernels.int8 else None, kernels.packed.f32, kernels.packed.coded,
                    kernels.fused.entries["rms_norm", f32], kernels.fused.entries["silu_mul", f32],
-                   kernels.fused.entries["rotary", f32], kernels.decode.entries[f32, cache.dtype, shape.head_dim])
+                   kernels.fused.entries["rotary", f32],
+                   kernels.decode.entries[f32, cache.dtype, shape.head_dim] if kernels.decode else None,
+                   kernels.prefill.entries[f32, cache.dtype] if kernels.prefill else None)
         self._model = _Model(*(_address(e) if e is not None else 0 for e in entries), self._structs, len(layers),
                              shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.intermediate,
                              cache.shape[1], shape.window, int(cache.dtype == torch.float16), shape.eps, shape.scale)

@@ -2,8 +2,9 @@
 (kernels/cpu/decode_layers.c); other steps run through the model.
 
 It applies when each layer already runs on the C kernels alone: an fp32 model whose projections are all on the C
-GEMMs, the fused elementwise ops, the C decode attention, no q/k norms. The C call runs those same kernels in the
-same order, so a step gives the same numbers either way; only the Python between them goes.
+GEMMs, the fused elementwise ops, the C decode attention (or, in batch-invariant mode, the C prefill attention
+with decodes as one-token chunks), no q/k norms. The C call runs those same kernels in the same order, so a step
+gives the same numbers either way; only the Python between them goes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from kernels.cpu.build import built_or_none
 from kernels.cpu.decode_layers import DecodeLayers, DecodeShape, Kernels, LayerWeights, Projection
 from kernels.cpu.int8_linear import Int8Linear
+from kernels.cpu.paged_prefill import NativePagedPrefill
 from services.gpu_worker.attention.metadata import AttentionMetadata
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from services.gpu_worker.kv_cache import KVCache
@@ -60,7 +62,8 @@ def build_one_call_decode(model: DecoderLM, kv_cache: KVCache, backend: TorchAtt
                         backend.shape.scale, backend.shape.sliding_window or 0)
     gemms = [m.kernel.gemm for layer in model.layers for m in _projections(layer)]
     int8 = next((gemm for gemm in gemms if isinstance(gemm, Int8Linear)), None)
-    kernels = Kernels(int8, native.packed_linear, native.fused_ops, backend.decode_fn)
+    attention = (None, backend.prefill_fn) if backend.decodes_as_chunks else (backend.decode_fn, None)
+    kernels = Kernels(int8, native.packed_linear, native.fused_ops, *attention)
     layers = [_layer_weights(layer, key, value) for layer, (key, value) in zip(
         model.layers, kv_cache.layers, strict=True)]
     decode_layers = built_or_none("the C decode layers", lambda: _tried(DecodeLayers(kernels, shape, layers),
@@ -77,7 +80,9 @@ def unsupported(model: DecoderLM, kv_cache: KVCache, backend: TorchAttentionBack
         return "q/k norms"
     if native.fused_ops is None or native.packed_linear is None:
         return "the C linear or fused-op kernels are not built"
-    if not backend.decode_native or backend.decodes_as_chunks:
+    if backend.decodes_as_chunks and not isinstance(backend.prefill_fn, NativePagedPrefill):
+        return "decodes run as chunks outside the C prefill kernel"
+    if not backend.decode_native and not backend.decodes_as_chunks:
         return "decode attention does not run in the C decode kernel"
     if kv_cache.dtype not in (torch.float32, torch.float16):
         return f"a {kv_cache.dtype} KV cache"

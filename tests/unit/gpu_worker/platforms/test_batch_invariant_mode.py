@@ -1,11 +1,13 @@
 """`--batch-invariant` is taken only where it holds: the CPU platform with the C kernels on fp32 or bf16 models;
-elsewhere the worker refuses to start, saying why. In the mode, no step runs a kernel that only decodes take."""
+elsewhere the worker refuses to start, saying why. In the mode, no step runs a kernel that only decodes take: decode
+steps of fp32 models still run in one C call, over the prefill attention kernel."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels.cpu.paged_prefill import NativePagedPrefill
 from services.gpu_worker.attention.backend import AttentionShape
 from services.gpu_worker.kv_cache import KVCache
 from services.gpu_worker.loader import load_model
@@ -40,15 +42,15 @@ def test_the_triton_backend_refuses_it() -> None:
         CpuPlatform(batch_invariant=True).attention_backend("triton", SHAPE, torch.float32, torch.float32, 16)
 
 
-def test_decode_steps_do_not_take_the_one_call_path(tmp_path, caplog) -> None:
-    """The one-call decode path runs the decode attention kernel: not in batch-invariant mode."""
+def test_decode_steps_take_the_one_call_path_over_the_prefill_kernel(tmp_path) -> None:
+    """The one-call decode path runs the prefill attention kernel in batch-invariant mode, never the decode one."""
     _save("llama", tmp_path, grid=False)
     config = load_model_config(tmp_path, "float32")
     shape = AttentionShape(config.num_heads, config.num_kv_heads, config.head_dim, config.head_dim ** -0.5)
     platform = CpuPlatform(torch_compile=False, batch_invariant=True)
     backend = platform.attention_backend("torch", shape, torch.float32, torch.float32, 16)
     model = load_model(tmp_path, config, backend, 256, platform)
-    with caplog.at_level("INFO"):
-        forward = platform.model_forward(model, backend, KVCache.allocate(config, 8, 16, platform.device))
-    assert not isinstance(forward, OneCallDecode) and backend.decodes_as_chunks
-    assert "decode attention does not run in the C decode kernel" in caplog.text
+    forward = platform.model_forward(model, backend, KVCache.allocate(config, 8, 16, platform.device))
+    assert isinstance(forward, OneCallDecode) and backend.decodes_as_chunks
+    assert forward.layers.kernels.decode is None
+    assert isinstance(forward.layers.kernels.prefill, NativePagedPrefill)

@@ -35,6 +35,7 @@ CONFIGS = {
 CLASSES = {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM,
            "mistral": transformers.MistralForCausalLM, "qwen3": transformers.Qwen3ForCausalLM}
 BLOCK = 4
+CHUNK_BLOCK = 16  # the C prefill attention (the batch-invariant mode's) takes blocks of multiples of 16
 
 
 def _save(name: str, folder, grid: bool) -> None:
@@ -53,13 +54,16 @@ def _save(name: str, folder, grid: bool) -> None:
 class Paged:
     """The model over a paged cache, built as the worker builds it (C kernels), with or without the one-call path."""
 
-    def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool) -> None:
+    def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool, batch_invariant: bool = False
+                 ) -> None:
         c = self.config = load_model_config(folder, "float32")
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
-        self.platform = CpuPlatform(native_kernels=True, torch_compile=False, int8_activations=int8)
-        self.backend = self.platform.attention_backend("torch", shape, torch.float32, cache_dtype, BLOCK)
+        self.platform = CpuPlatform(native_kernels=True, torch_compile=False, int8_activations=int8,
+                                    batch_invariant=batch_invariant)
+        self.block = CHUNK_BLOCK if batch_invariant else BLOCK
+        self.backend = self.platform.attention_backend("torch", shape, torch.float32, cache_dtype, self.block)
         self.model = load_model(folder, c, self.backend, 256, self.platform)
-        self.kv = KVCache.allocate(c, 64, BLOCK, torch.device("cpu"), cache_dtype)
+        self.kv = KVCache.allocate(c, 64, self.block, torch.device("cpu"), cache_dtype)
         self.forward = self.platform.model_forward(self.model, self.backend, self.kv)
         self.one_call = self.forward if isinstance(self.forward, OneCallDecode) else None
         if not fused:
@@ -67,7 +71,7 @@ class Paged:
 
     @torch.inference_mode()
     def step(self, states: list[RequestState], counts: list[int], skip_row: int | None = None) -> torch.Tensor:
-        batch = build_model_input(states, counts, BLOCK, torch.device("cpu"))
+        batch = build_model_input(states, counts, self.block, torch.device("cpu"))
         if skip_row is not None:
             batch.meta.slot_mapping[skip_row] = -1
         hidden = self.forward(batch.token_ids, batch.positions, self.kv.layers, batch.meta, None)
@@ -94,12 +98,17 @@ def _run(paged: Paged, lengths: list[int], decodes: int) -> list[torch.Tensor]:
     return [paged.step(states, [1] * len(states), skip_row=1 if d == 1 else None) for d in range(decodes)]
 
 
+@pytest.mark.parametrize("batch_invariant", [False, True])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize(("int8", "cache_dtype"), [(False, torch.float32), (True, torch.float16)])
-def test_one_call_gives_the_layer_path_numbers(tmp_path, name: str, int8: bool, cache_dtype: torch.dtype) -> None:
+def test_one_call_gives_the_layer_path_numbers(tmp_path, name: str, int8: bool, cache_dtype: torch.dtype,
+                                               batch_invariant: bool) -> None:
+    """Both attention kernels: the decode one, and (batch-invariant mode) the prefill one."""
     _save(name, tmp_path, grid=int8)
-    fused, layered = (Paged(tmp_path, int8, cache_dtype, fused=f) for f in (True, False))
+    fused, layered = (Paged(tmp_path, int8, cache_dtype, fused=f, batch_invariant=batch_invariant)
+                      for f in (True, False))
     assert fused.one_call is not None
+    assert (fused.one_call.layers.kernels.prefill is not None) == batch_invariant
     if int8:
         assert fused.one_call.layers.kernels.int8 is not None, "the grid weights should take int8 inputs"
     lengths = [3, 17, 9]  # past the sliding window of 12, across block edges
@@ -107,6 +116,22 @@ def test_one_call_gives_the_layer_path_numbers(tmp_path, name: str, int8: bool, 
         assert torch.equal(ours, theirs)
     for (k1, v1), (k2, v2) in zip(fused.kv.layers, layered.kv.layers, strict=True):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_in_batch_invariant_mode_a_one_call_decode_gets_its_prompt_row_numbers(tmp_path, name: str) -> None:
+    """The mode's promise through the one-call path: a token decoded beside others gets the numbers it gets as the
+    last row of its whole prompt computed alone."""
+    _save(name, tmp_path, grid=True)
+    lengths = [3, 17, 9]
+    decoded = Paged(tmp_path, True, torch.float16, fused=True, batch_invariant=True)
+    states = _requests(lengths)
+    decoded.step(states, lengths)
+    hidden = decoded.step(states, [1] * len(lengths))
+    for i, length in enumerate(lengths):
+        alone = Paged(tmp_path, True, torch.float16, fused=True, batch_invariant=True)
+        prompt = _requests(lengths)[i: i + 1]
+        assert torch.equal(alone.step(prompt, [length + 1])[-1], hidden[i])
 
 
 def test_the_one_call_path_runs_decode_steps_only(tmp_path, monkeypatch) -> None:
