@@ -18,6 +18,7 @@ import redis
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.ports import free_port
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
@@ -26,16 +27,6 @@ MODEL_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
 def port_is_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_for(condition, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what} not met within {timeout_s}s")
 
 
 class RedisServer:

@@ -15,7 +15,7 @@ from services.scheduler.prefix_publisher import PrefixPublisher
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent, prefix_blocks_key, prefix_events_key
 from tests.integration.processes import RedisServer
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 INSTANCE = "publish-test"

@@ -3,8 +3,6 @@ the scheduler at start with exit code 2 and a line naming the flag."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import subprocess
 import sys
@@ -15,6 +13,7 @@ from services.ports import free_port
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import REPO, wait_for
+from tests.support.tasks import run_until
 
 PASSWORD = "hunter2-redis-secret"
 
@@ -46,13 +45,7 @@ async def _flush_once(url: str) -> RedisStateWriter:
     config = RedisStateConfig(redis_url=url, redis_flush_interval_s=0.01, redis_stats_interval_s=0.01,
                               redis_timeout_s=1.0)
     writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, PrefixIndex)
-    task = asyncio.create_task(writer.run())
-    try:
-        await asyncio.sleep(0.3)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await run_until(writer.run(), lambda: writer.connected or writer._outage_logged, what="a flush or an outage")
     return writer
 
 

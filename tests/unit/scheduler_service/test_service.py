@@ -16,7 +16,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.service import SchedulerServicer
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 
 
 class Aborted(Exception):

@@ -25,7 +25,7 @@ from services.scheduler.worker_client import WorkerClient
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import StepOutput
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN
+from tests.support.fake_worker_client import DESCRIPTION, SAMPLED_TOKEN
 
 
 class DeadlockingWorker(worker_pb2_grpc.WorkerServiceServicer):

@@ -3,8 +3,6 @@ take stops the gateway at start with exit code 2 and a line naming the flag."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import subprocess
 import sys
@@ -13,22 +11,14 @@ import pytest
 
 from services.gateway.routing.prefix_mirror import PrefixMirror
 from tests.integration.processes import MODEL_DIR, REPO
+from tests.support.tasks import run_until
 from tests.unit.scheduler_service.test_redis_secrets import PASSWORD, redis_with_password  # noqa: F401 (fixture)
 
 
 async def _read_once(url: str) -> PrefixMirror:
     mirror = PrefixMirror(url, timeout_s=1.0, stats_interval_s=0.01, retry_interval_s=0.05)
     mirror.follow(["scheduler-a"])  # with nothing to follow it reads nothing
-    task = asyncio.create_task(mirror.run())
-    try:
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if mirror.connected or mirror._outage_logged:
-                break
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await run_until(mirror.run(), lambda: mirror.connected or mirror._outage_logged, what="a read or an outage")
     return mirror
 
 

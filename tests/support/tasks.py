@@ -1,0 +1,31 @@
+"""Background tasks in async tests: run one for the length of a block, then cancel it and wait for it to end.
+
+`running` never leaves a task behind, whatever the block raises; `run_until` runs a coroutine until a condition
+holds (or raises `TimeoutError`, naming what it waited for).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+from tests.support.waiting import wait_for_async
+
+
+@contextlib.asynccontextmanager
+async def running(coro: Coroutine[Any, Any, Any]) -> AsyncIterator[asyncio.Task]:
+    task = asyncio.create_task(coro)
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def run_until(coro: Coroutine[Any, Any, Any], condition: Callable[[], object], timeout_s: float = 10.0,
+                    what: str = "condition") -> None:
+    async with running(coro):
+        await wait_for_async(condition, timeout_s, what=what)
