@@ -25,6 +25,17 @@ async def running(coro: Coroutine[Any, Any, Any]) -> AsyncIterator[asyncio.Task]
             await task
 
 
+async def cancelled_after(coro: Coroutine[Any, Any, Any], delay_s: float, timeout_s: float = 2.0) -> asyncio.Task:
+    """Start `coro`, cancel it `delay_s` later (the sleep picks a point of its loop), and return its task once it
+    ended; one that ignores the cancel for `timeout_s` fails the test."""
+    task = asyncio.create_task(coro)
+    await asyncio.sleep(delay_s)
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    assert done, "the task ignored its cancellation"
+    return task
+
+
 async def run_until(coro: Coroutine[Any, Any, Any], condition: Callable[[], object], timeout_s: float = 10.0,
                     what: str = "condition") -> None:
     async with running(coro):

@@ -11,17 +11,29 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import httpx
+
 T = TypeVar("T")
 
 
-def wait_for(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> T:
+def wait_for(condition: Callable[[], T], timeout_s: float, interval_s: float = 0.05, what: str = "condition",
+             detail: Callable[[], str] | None = None) -> T:
+    """`detail` (say, a log's tail) is added to the TimeoutError's message."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
         value = condition()
         if value:
             return value
         time.sleep(interval_s)
-    raise TimeoutError(f"{what} not met within {timeout_s}s")
+    raise TimeoutError(f"{what} not met within {timeout_s}s" + (f":\n{detail()}" if detail else ""))
+
+
+def http_ok(url: str, timeout_s: float = 2.0) -> bool:
+    """GET `url` answered 200 (no answer: False)."""
+    try:
+        return httpx.get(url, timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 async def wait_for_async(condition: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.005,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
@@ -17,6 +16,7 @@ from services.scheduler.service import SchedulerServicer
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
+from tests.support.tasks import running
 
 
 class Aborted(Exception):
@@ -45,8 +45,7 @@ async def test_duplicate_id_is_rejected_without_aborting_the_live_request():
     servicer = SchedulerServicer()
     servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(step_delay_s=0.005),
                                  servicer.state)
-    loop_task = asyncio.create_task(servicer.engine.run())
-    try:
+    async with running(servicer.engine.run()):
         stream = servicer.Generate(generate_pb("dup", max_tokens=20), FakeContext())
         first = await stream.__anext__()
         context = FakeContext()
@@ -62,10 +61,6 @@ async def test_duplicate_id_is_rejected_without_aborting_the_live_request():
         assert sum(len(c.token_ids) for c in chunks) == 20
         stats = servicer.stats()
         assert (stats.num_running, stats.kv_usage, stats.num_finished) == (0, 0.0, {"length": 1})
-    finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
 
 
 @pytest.mark.asyncio
@@ -95,8 +90,7 @@ async def test_identify_answers_before_the_worker_is_ready():
 async def test_integrity_report_counts_every_block_and_names_a_leak():
     servicer = SchedulerServicer()
     servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
-    loop_task = asyncio.create_task(servicer.engine.run())
-    try:
+    async with running(servicer.engine.run()):
         request = generate_request_to_pb(GenerateRequest("r", list(range(1, 10)), SamplingParams(max_tokens=2)))
         chunks = [chunk async for chunk in servicer.Generate(request, FakeContext())]
         assert chunks[-1].finish_reason == scheduler_pb2.FINISH_REASON_LENGTH
@@ -107,7 +101,3 @@ async def test_integrity_report_counts_every_block_and_names_a_leak():
         servicer.engine.scheduler.kv.blocks_of["gone"] = []  # a finished request still listed as a block holder
         report = await servicer.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), FakeContext())
         assert not report.ok and "finished requests hold blocks: {'gone'}" in report.problem
-    finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
