@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from fastapi.testclient import TestClient
 
 from services.gateway.api.serving import Serving
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from services.gateway.structured.grammar_check import GrammarChecker
 from services.gateway.structured.structured_outputs import Constraint
 from shared.structured_output import StructuredOutput
 from tests.support.waiting import wait_for
@@ -38,8 +40,8 @@ class PassingChecker:
 
 def serving(tokenizer, fake: FakeSchedulerClient, model_dir: Path | str = MODEL_DIR, **config) -> Serving:
     """The app's state over one fake scheduler; config overrides GatewayConfig's defaults."""
-    config = GatewayConfig(model_dir=str(model_dir), health_poll_interval_s=0.02, **config)
-    return Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
+    gateway_config = GatewayConfig(model_dir=str(model_dir), health_poll_interval_s=0.02, **config)
+    return Serving(gateway_config, tokenizer, fake_replicas(fake), generation_defaults={})
 
 
 @contextmanager
@@ -55,6 +57,7 @@ def checked_gateway(tokenizer, fake: FakeSchedulerClient,
                     **config) -> Iterator[tuple[TestClient, Serving, PassingChecker]]:
     """(client, state, checker) with a grammar checker that passes every grammar."""
     state = serving(tokenizer, fake, **config)
-    checker = state.grammar_checker = PassingChecker()
+    checker = PassingChecker()
+    state.grammar_checker = cast(GrammarChecker, checker)  # it answers `check` and `close` like the real one
     with app_client(state) as client:
         yield client, state, checker

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import torch
 from transformers import AutoTokenizer
@@ -43,7 +44,7 @@ def chat_requests(model_dir: Path, contents: Sequence[str],
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     stops = tuple(tokenizer.convert_tokens_to_ids(t) for t in (",", "."))
     return [GenerateRequest(f"r{i}", chat_token_ids(tokenizer, [{"role": "user", "content": content}]),
-                            sampling(i, stops)) for i, content in enumerate(contents)]
+                            sampling(i, cast(tuple[int, ...], stops))) for i, content in enumerate(contents)]
 
 
 def mixed_stops(i: int, max_tokens: int, stops: tuple[int, ...]) -> SamplingParams:

@@ -13,6 +13,7 @@ from services.scheduler.scheduler import RequestRejected
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import SAMPLED_TOKEN, FakeWorkerClient
+from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine
 
 
@@ -71,11 +72,7 @@ async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror(async_
         loop.abort_request("long")
         assert loop.scheduler.kv.usage == 0.0 and not loop.scheduler.has_unfinished_requests()
         loop.scheduler.kv.check_integrity()
-        for _ in range(100):
-            if "long" not in worker.mirrors:
-                break
-            await asyncio.sleep(0.01)
-    assert "long" not in worker.mirrors
+        await wait_for_async(lambda: "long" not in worker.mirrors, what="the worker dropped the aborted request")
     assert any("long" in step.finished_req_ids for step in worker.steps)
     assert state.events[-1] == ("finished", "long", "abort")
 
@@ -107,10 +104,7 @@ async def test_lost_worker_fails_live_requests_then_serves_again(async_schedulin
         queue = loop.add_request(request("doomed"))
         error = await asyncio.wait_for(queue.get(), 5)
         assert isinstance(error, WorkerUnavailable) and "UNAVAILABLE" in str(error)
-        for _ in range(100):
-            if loop.ready:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: loop.ready, what="the loop ready again")
         assert worker.num_describes == 1 and loop.scheduler.kv.usage == 0.0
         outputs = await outputs_of(loop.add_request(request("after")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
@@ -175,10 +169,8 @@ async def test_async_scheduling_keeps_a_step_queued_behind_the_running_one(async
     worker = FakeWorkerClient(step_delay_s=0.005)
     async with running_loop(worker, async_scheduling) as (loop, _):
         outputs = await outputs_of(loop.add_request(request("a", max_tokens=5)))
-        for _ in range(100):
-            if not loop.scheduler.finished_req_ids and not worker.mirrors:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: not loop.scheduler.finished_req_ids and not worker.mirrors,
+                             what="the finished request dropped by the worker")
     assert worker.max_pending == (2 if async_scheduling else 1)
     assert [t for o in outputs for t in o.new_token_ids] == [SAMPLED_TOKEN] * 5
     assert outputs[-1].finish_reason is FinishReason.LENGTH and worker.mirrors == {}

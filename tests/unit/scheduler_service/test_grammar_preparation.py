@@ -11,6 +11,7 @@ from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.support.fake_worker_client import FakeWorkerClient
+from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of
 from tests.unit.scheduler_service.test_engine_loop import request, running_loop
 
@@ -48,7 +49,7 @@ async def test_one_compile_call_per_grammar(async_scheduling: bool):
     worker.grammar_gate = asyncio.Event()
     async with running_loop(worker, async_scheduling) as (loop, _):
         queues = [loop.add_request(constrained(f"r{i}")) for i in range(3)]
-        await asyncio.sleep(0.05)
+        await wait_for_async(lambda: worker.prepared_grammars, what="a compile under way")
         worker.grammar_gate.set()
         for queue in queues:
             await outputs_of(queue)
@@ -78,7 +79,7 @@ async def test_a_request_aborted_while_compiling_never_runs(async_scheduling: bo
     worker.grammar_gate = asyncio.Event()
     async with running_loop(worker, async_scheduling) as (loop, _):
         loop.add_request(constrained("gone"))
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: worker.prepared_grammars, what="its compile under way")
         loop.abort_request("gone")
         assert not loop.scheduler.has_unfinished_requests()
         worker.grammar_gate.set()

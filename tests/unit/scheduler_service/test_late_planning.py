@@ -15,6 +15,7 @@ import services.scheduler.engine_loop as engine_loop
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import FakeWorkerClient
+from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of
 from tests.unit.scheduler_service.test_engine_loop import request, running_loop
 
@@ -61,9 +62,8 @@ async def running(late_planning: bool, worker: TimedWorker | None = None):
 async def next_step_start(worker: TimedWorker) -> int:
     """Wait until the worker starts another step; its 1-based index."""
     count = len(worker.steps)
-    while len(worker.steps) == count:
-        await asyncio.sleep(0.001)
-    return len(worker.steps)
+    return await wait_for_async(lambda: len(worker.steps) if len(worker.steps) > count else 0, interval_s=0.001,
+                                what="another step started")
 
 
 @pytest.mark.asyncio

@@ -14,13 +14,11 @@ from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import RedisServer
 from tests.support.tasks import cancelled_after, running
+from tests.support.waiting import wait_for_async
 
 
-async def eventually(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline_s = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline_s, f"{what} not met within {timeout_s}s"
-        await asyncio.sleep(0.01)
+async def eventually(condition, what: str = "condition") -> None:
+    await wait_for_async(condition, timeout_s=30, interval_s=0.01, what=what)
 
 
 def churn(index: PrefixIndex, rng: random.Random, num_changes: int) -> None:
