@@ -7,8 +7,9 @@ return its value, or raise `TimeoutError` naming what was awaited; timeouts are 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import httpx
@@ -36,11 +37,14 @@ def http_ok(url: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
-async def wait_for_async(condition: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.005,
-                         what: str = "condition") -> T:
+async def wait_for_async(condition: Callable[[], T | Awaitable[T]], timeout_s: float = 10.0,
+                         interval_s: float = 0.005, what: str = "condition") -> T:
+    """`condition` may be a coroutine function (a check that reads over the network, say)."""
     deadline_s = time.monotonic() + timeout_s
     while time.monotonic() < deadline_s:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         await asyncio.sleep(interval_s)
