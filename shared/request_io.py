@@ -15,6 +15,9 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens or the model's context limit
     ABORT = "abort"  # cancelled by the client or the gateway
     ERROR = "error"  # the worker failed on this request alone (RequestOutput.error says why); never on the wire
+    # The replica is draining: the request was stopped at a step boundary with its KV blocks freed and must be resumed
+    # elsewhere (prompt + outputs so far as resumed_output_token_ids); never shown to a client.
+    HANDOFF = "handoff"
 
 
 @dataclass
@@ -28,6 +31,10 @@ class GenerateRequest:
     tenant: str = ""  # the tenant's name from the gateway's keys file ("": the one default tenant); steps are shared
     # fairly between tenants
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to others (> 0)
+    # A continuation: tokens this request already produced on another replica (the client has them). The scheduler
+    # starts it as if preempted with these as its outputs; max_tokens, min_tokens and the context limit count them;
+    # RequestOutput.new_token_ids never re-sends them, num_output_tokens counts them.
+    resumed_output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

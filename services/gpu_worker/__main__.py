@@ -49,8 +49,14 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    from services.gpu_worker.model_config import UnsupportedModelError  # imports torch: after the port is bound
+
     try:
-        servicer.load(config.worker)  # torch is imported here, after the port is bound
+        servicer.load(config.worker)
+    except UnsupportedModelError as exc:  # the operator's choice of model or flags: one line, not a traceback
+        log.error("cannot serve %s: %s", config.worker.model_dir, exc)
+        server.stop(0)
+        return 2
     except Exception:
         log.exception("failed to load the model")
         server.stop(0)

@@ -14,6 +14,7 @@ _REASON_TO_PB = {
     FinishReason.STOP: scheduler_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: scheduler_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: scheduler_pb2.FINISH_REASON_ABORT,
+    FinishReason.HANDOFF: scheduler_pb2.FINISH_REASON_HANDOFF,
 }
 _REASON_FROM_PB = {pb: reason for reason, pb in _REASON_TO_PB.items()}
 
@@ -22,7 +23,8 @@ def generate_request_to_pb(request: GenerateRequest) -> scheduler_pb2.GenerateRe
     return scheduler_pb2.GenerateRequest(req_id=request.req_id, prompt_token_ids=request.prompt_token_ids,
                                          sampling=sampling_to_pb(request.sampling), cache_salt=request.cache_salt,
                                          priority=request.priority, tenant=request.tenant,
-                                         tenant_weight=request.tenant_weight)
+                                         tenant_weight=request.tenant_weight,
+                                         resumed_output_token_ids=request.resumed_output_token_ids)
 
 
 def generate_request_from_pb(pb: scheduler_pb2.GenerateRequest) -> GenerateRequest:
@@ -30,7 +32,8 @@ def generate_request_from_pb(pb: scheduler_pb2.GenerateRequest) -> GenerateReque
     return GenerateRequest(req_id=pb.req_id, prompt_token_ids=list(pb.prompt_token_ids),
                            sampling=sampling_from_pb(pb.sampling),
                            cache_salt=pb.cache_salt if pb.HasField("cache_salt") else None,
-                           priority=pb.priority, tenant=pb.tenant, tenant_weight=pb.tenant_weight or 1.0)
+                           priority=pb.priority, tenant=pb.tenant, tenant_weight=pb.tenant_weight or 1.0,
+                           resumed_output_token_ids=list(pb.resumed_output_token_ids))
 
 
 def output_to_chunk(output: RequestOutput) -> scheduler_pb2.GenerateChunk:

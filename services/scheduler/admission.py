@@ -172,7 +172,8 @@ class AdmissionControl:
         if len(scheduler.waiting) >= config.max_waiting_requests:
             self._refuse(f"{len(scheduler.waiting)} requests are waiting (at most {config.max_waiting_requests})",
                          predicted_s, step_ends_in_s)
-        if waiting_tokens + len(request.prompt_token_ids) > config.max_waiting_tokens:
+        num_tokens = len(request.prompt_token_ids) + len(request.resumed_output_token_ids)  # all recomputed here
+        if waiting_tokens + num_tokens > config.max_waiting_tokens:
             full = waiting_tokens >= config.max_waiting_tokens  # else a shorter prompt may still fit: no promise
             self._refuse(f"{waiting_tokens} prompt tokens are waiting (at most {config.max_waiting_tokens})",
                          predicted_s, step_ends_in_s if full else 0.0)

@@ -169,6 +169,14 @@ class EngineLoop:
         for live in self._live:
             self.fail_request(live.req_id, error)
 
+    def hand_off_all(self) -> int:
+        """Draining: end every live request with HANDOFF at this step boundary, after the outputs already produced
+        (so its stream carries each token once and the gateway resumes it from there); returns how many."""
+        num_handed_off = self.outputs.dispatch(self.scheduler.hand_off_all())
+        self.outputs.deliver()
+        self._wakeup.set()  # tell the worker to drop their mirrors
+        return num_handed_off
+
     def worker_lost(self, error: WorkerUnavailable) -> None:
         """Stop taking requests; the loop fails the live ones and waits for the worker (once, however often told)."""
         if self._lost is None and not self.recovering:

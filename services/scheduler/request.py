@@ -44,8 +44,14 @@ class Request:
 
     @classmethod
     def from_generate(cls, request: GenerateRequest) -> Request:
-        return cls(request.req_id, list(request.prompt_token_ids), len(request.prompt_token_ids), request.sampling,
-                   request.cache_salt, request.arrival_time_s, priority=request.priority, tenant=request.tenant,
+        """A resumed request (outputs produced on another replica) starts as if preempted with those outputs: its KV
+        is recomputed from prompt + outputs, the worker's mirror replays them (grammar, seeded sampler position),
+        stop conditions count them, and they are never reported again."""
+        resumed = request.resumed_output_token_ids
+        return cls(request.req_id, [*request.prompt_token_ids, *resumed], len(request.prompt_token_ids),
+                   request.sampling, request.cache_salt, request.arrival_time_s,
+                   status=RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING,
+                   num_outputs_reported=len(resumed), priority=request.priority, tenant=request.tenant,
                    tenant_weight=request.tenant_weight)
 
     @property

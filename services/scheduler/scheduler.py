@@ -100,6 +100,7 @@ class Scheduler:
         if num_prompt >= limit:
             raise RequestRejected(f"the prompt has {num_prompt} tokens but this model's context limit is {limit} "
                                   f"tokens (at least one must remain for the output)")
+        self._validate_resumed(generate)
         max_tokens = min(num_prompt + generate.sampling.max_tokens, limit)
         if self.kv.blocks_needed(max_tokens) > description.num_kv_blocks:
             raise RequestRejected(
@@ -107,10 +108,22 @@ class Scheduler:
                 f"({self.kv.blocks_needed(max_tokens)} blocks) but the whole pool holds "
                 f"{description.num_kv_blocks * description.block_size} tokens ({description.num_kv_blocks} blocks)")
         for what, token_ids in (("", generate.prompt_token_ids), ("logit_bias: ", generate.sampling.logit_bias),
-                                ("stop_token_ids: ", generate.sampling.stop_token_ids)):
+                                ("stop_token_ids: ", generate.sampling.stop_token_ids),
+                                ("resumed_output_token_ids: ", generate.resumed_output_token_ids)):
             bad = next((t for t in token_ids if not 0 <= t < description.vocab_size), None)
             if bad is not None:
                 raise RequestRejected(f"{what}token id {bad} is out of the vocabulary (size {description.vocab_size})")
+
+    def _validate_resumed(self, generate: GenerateRequest) -> None:
+        """A continuation must leave something to generate: max_tokens and the context limit count its outputs."""
+        num_resumed, max_tokens = len(generate.resumed_output_token_ids), generate.sampling.max_tokens
+        if num_resumed >= max_tokens:
+            raise RequestRejected(f"resumed_output_token_ids has {num_resumed} tokens but max_tokens is {max_tokens}: "
+                                  f"max_tokens counts the resumed tokens, so nothing would be left to generate")
+        num_tokens, limit = len(generate.prompt_token_ids) + num_resumed, self.description.max_model_len
+        if num_resumed and num_tokens >= limit:
+            raise RequestRejected(f"the prompt and resumed_output_token_ids have {num_tokens} tokens but this "
+                                  f"model's context limit is {limit} tokens (at least one must remain for the output)")
 
     def abort_request(self, req_id: str) -> bool:
         """Drop a request at any time; its blocks are free at once. False when it was unknown or finished."""
@@ -119,6 +132,17 @@ class Scheduler:
             return False
         self._finish(request, FinishReason.ABORT)
         return True
+
+    def hand_off_all(self) -> list[RequestOutput]:
+        """Draining: end every unfinished request with HANDOFF (its blocks freed, outputs of steps in flight for it
+        dropped as after an abort), to be resumed on another replica from the tokens already reported; one final
+        output each, carrying any token not yet reported."""
+        outputs = []
+        for request in list(self.requests.values()):
+            self._finish(request, FinishReason.HANDOFF)
+            unreported = request.num_output_tokens - request.num_outputs_reported
+            outputs.append(self._output(request, [None] * unreported))
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting or self.running or self.preparing)
@@ -264,7 +288,7 @@ class Scheduler:
         request.num_computed_tokens = num_computed
         self.kv.mark_in_flight(request, prefix)
         if request.num_cached_tokens is None:  # first admission: resumptions after preemption are not counted
-            request.num_cached_tokens = num_computed
+            request.num_cached_tokens = min(num_computed, request.num_prompt_tokens)  # a resumed one hits outputs too
             self.kv.record_prefix_query(request.num_tokens, prefix)
         # after every running request of its priority or a more urgent one
         self.running.insert(bisect.bisect_right(self.running, request.priority, key=lambda r: r.priority), request)

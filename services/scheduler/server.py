@@ -150,7 +150,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
     startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, readiness, stop, tasks))
     startup.add_done_callback(lambda task: task.cancelled() or task.exception() is None or stop.set())
     await stop.wait()
-    await drain(servicer.engine, readiness, config.drain_timeout_s)
+    await drain(servicer.engine, readiness, config.drain_timeout_s, config.drain_handoff_margin_s)
     await health_servicer.set(SERVICE_NAME, _NOT_SERVING)
     await server.stop(FLUSH_GRACE_S)  # the streams' last chunks (or errors) reach the gateway
     for task in [startup, *tasks]:

@@ -49,6 +49,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServiceServicer):
             attributes={"req_id": generate.req_id, "gen_ai.request.model": engine.scheduler.description.model_name,
                         "gen_ai.usage.input_tokens": len(generate.prompt_token_ids),
                         "priority": generate.priority, "tenant": generate.tenant,
+                        "num_resumed_tokens": len(generate.resumed_output_token_ids),
                         **gen_ai_request_attributes(generate.sampling)})
         try:
             queue = engine.add_request(generate, span, traceparent_of(span))

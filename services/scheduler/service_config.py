@@ -29,6 +29,10 @@ class SchedulerServiceConfig:
     worker_probe_interval_s: float = 1.0  # how often the worker's health and incarnation are checked
     worker_probe_timeout_s: float = 5.0  # a probe unanswered this long (no step finishing meanwhile) is a lost worker
     drain_timeout_s: float = 300.0  # on SIGTERM: no new requests, those in flight get this long to finish
+    drain_handoff_margin_s: float = field(default=5.0, metadata={"help": (
+        "draining: this long before --drain-timeout-s ends, requests still live are handed off (finish reason "
+        "handoff, their blocks freed) for the gateway to resume on another replica; a margin at least the timeout "
+        "hands off at once; 0: no hand-off, what outlives the timeout fails")})
     trace_step_interval: int = 100  # every Nth engine step gets a trace of its own, linked to its requests; 0: none
     # plan and send step N+1 while the worker runs step N (it queues it), so the worker never waits for a round trip
     # or for the scheduler; false: one step at a time (the same outputs; for comparison and debugging)
@@ -45,3 +49,5 @@ class SchedulerServiceConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         check_not_placeholder("--internal-token", self.internal_token)
+        if self.drain_handoff_margin_s < 0:
+            raise ValueError(f"drain_handoff_margin_s must not be negative, got {self.drain_handoff_margin_s}")

@@ -27,6 +27,15 @@ def port_is_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead and awaiting its parent's wait, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 class RedisServer:
     """A throw-away redis-server on a free port; can be killed and restarted on the same port. With a password, it
     refuses clients without it (auth failures then come from a real server)."""

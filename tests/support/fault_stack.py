@@ -51,12 +51,13 @@ class FaultStack:
     worker_port: int = field(default_factory=free_port)
     scheduler_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
+    worker_flags: tuple[str, ...] = WORKER_FLAGS  # the worker's flags after its model folder and port
 
     def __post_init__(self) -> None:
         python = sys.executable
         self.env = {**self.env, "PAGEDSERVE_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONUNBUFFERED": "1"}
         self.worker = self._service("worker", [python, "-m", "services.gpu_worker", str(MODEL_DIR),
-                                               "--worker-port", str(self.worker_port), *WORKER_FLAGS])
+                                               "--worker-port", str(self.worker_port), *self.worker_flags])
         self.scheduler = self._service("scheduler", [
             python, "-m", "services.scheduler", "--scheduler-port", str(self.scheduler_port),
             "--worker-address", f"127.0.0.1:{self.worker_port}", *SCHEDULER_FLAGS])
@@ -90,7 +91,7 @@ class FaultStack:
     def restart_worker(self, *flags: str, timeout_s: float = 240) -> None:
         """A fresh worker process on the same port (after the old one is gone), with different flags if given."""
         assert not self.worker.running
-        self.worker.argv = self.worker.argv[:6] + list(flags or WORKER_FLAGS)
+        self.worker.argv = self.worker.argv[:6] + list(flags or self.worker_flags)
         self.worker.start()
         self.wait_health(200, timeout_s)
         self.warm_up()

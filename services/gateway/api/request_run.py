@@ -63,7 +63,8 @@ async def run_choices(serving: Serving, jobs: list[ChoiceJob], endpoint: str, re
         finally:
             span.set_attribute("pagedserve.replicas", ",".join(dict.fromkeys(served_by)))
             usage = tracker.usage()
-            serving.spend_tokens(current_tenant(), usage["prompt_tokens"], usage["completion_tokens"])
+            serving.spend_tokens(current_tenant(), usage["prompt_tokens"], usage["completion_tokens"],
+                                 usage["prompt_tokens_details"]["cached_tokens"])
         span.set_attributes({"gen_ai.response.model": model_name, "gen_ai.response.finish_reasons": finish_reasons,
                              "gen_ai.usage.input_tokens": usage["prompt_tokens"],
                              "gen_ai.usage.output_tokens": usage["completion_tokens"],

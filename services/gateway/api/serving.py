@@ -26,6 +26,7 @@ from services.gateway.structured.grammar_check import GrammarChecker
 from services.gateway.structured.reasoning_parsers import REASONING_FORMATS, ReasoningFormat, default_reasoning_parser
 from services.gateway.structured.structured_outputs import Constraint
 from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
+from services.gateway.tenants.cache_salt import tenant_cache_salt
 from services.gateway.tenants.current import current_tenant
 from services.gateway.tenants.keys_file import Tenant
 from services.gateway.tenants.metrics import TenantMetrics
@@ -187,9 +188,12 @@ class Serving:
             await self.grammar_checker.close()
         await self.limiter.close()
 
-    def spend_tokens(self, tenant: Tenant, num_prompt_tokens: int, num_generated_tokens: int) -> None:
-        """Count a finished request's tokens against its tenant (metrics and tokens-per-minute limit)."""
+    def spend_tokens(self, tenant: Tenant, num_prompt_tokens: int, num_generated_tokens: int,
+                     num_cached_tokens: int = 0) -> None:
+        """Count a finished request's tokens against its tenant (metrics and tokens-per-minute limit); cached prompt
+        tokens are a part of the prompt's, counted apart for the tenant's prefix-cache hit rate."""
         self.tenant_metrics.tokens.labels(tenant.name, "prompt").inc(num_prompt_tokens)
+        self.tenant_metrics.tokens.labels(tenant.name, "cached").inc(num_cached_tokens)
         self.tenant_metrics.tokens.labels(tenant.name, "generated").inc(num_generated_tokens)
         self.limiter.spend_tokens(tenant, num_prompt_tokens + num_generated_tokens)
 
@@ -213,8 +217,8 @@ class Serving:
                                                self.generation_defaults, self.limits, shape, structured_output)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
-                request = GenerateRequest(choice_id, prompt_ids, params, body.cache_salt, priority=priority,
-                                          tenant=tenant.name, tenant_weight=tenant.weight)
+                request = GenerateRequest(choice_id, prompt_ids, params, tenant_cache_salt(tenant, body.cache_salt),
+                                          priority=priority, tenant=tenant.name, tenant_weight=tenant.weight)
                 jobs.append(ChoiceJob(index, prompt_index, request, body.stop_strings, body.include_stop_str_in_output))
         return jobs
 

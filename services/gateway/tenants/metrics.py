@@ -13,7 +13,8 @@ class TenantMetrics:
         self.requests = Counter("pagedserve_gateway_tenant_requests", "generation requests admitted, by tenant",
                                 ["tenant"], registry=registry)
         self.tokens = Counter("pagedserve_gateway_tenant_tokens",
-                              "tokens served, by tenant and kind (prompt, generated)", ["tenant", "kind"],
+                              "tokens served, by tenant and kind (prompt, generated; cached: prompt tokens "
+                              "served from the prefix cache)", ["tenant", "kind"],
                               registry=registry)
         self.rate_limited = Counter("pagedserve_gateway_tenant_rate_limited",
                                     "requests refused (429) by a tenant limit, by tenant and limit "
@@ -26,7 +27,7 @@ class TenantMetrics:
         """Create the tenants' series at 0 (a dashboard shows a quiet tenant as 0, not as missing)."""
         for name in tenant_names:
             self.requests.labels(name)
-            for kind in ("prompt", "generated"):
+            for kind in ("prompt", "generated", "cached"):
                 self.tokens.labels(name, kind)
             for limit in LIMIT_KINDS:
                 self.rate_limited.labels(name, limit)

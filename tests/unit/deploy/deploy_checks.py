@@ -33,7 +33,7 @@ from services.scheduler.service_config import SchedulerServiceConfig
 from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
 
-OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa")  # the last two add the optional components
+OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa", "gpu-tp")  # keda, hpa: the optional components; tp: N GPUs
 IMAGE = "pagedserve"
 SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
     "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
@@ -394,6 +394,26 @@ def check_security(objects: list[dict], image_user: int | None) -> list[str]:
     return problems
 
 
+def _gpu_problems(where: str, worker: dict, config_maps: dict[str, dict]) -> list[str]:
+    """A GPU worker reserves one GPU for each tensor-parallel rank, in its requests and its limits."""
+    resources = worker.get("resources", {})
+    gpus = resources.get("limits", {}).get("nvidia.com/gpu")
+    if not gpus:
+        return [f"{where}: the gpu overlay's worker reserves no nvidia.com/gpu"]
+    try:
+        ranks = service_config(container_command(worker, config_maps),
+                               literal_env(worker, config_maps)).worker.tensor_parallel_size
+    except (ConfigError, ValueError):
+        return []  # check_commands names the bad command
+    problems = []
+    for part in ("requests", "limits"):
+        reserved = resources.get(part, {}).get("nvidia.com/gpu")
+        if str(reserved) != str(ranks):
+            problems.append(f"{where}: resources.{part} nvidia.com/gpu {reserved} for --tensor-parallel-size "
+                            f"{ranks} (one GPU a rank)")
+    return problems
+
+
 def check_resources(objects: list[dict], overlay: str) -> list[str]:
     """Requests and limits of CPU and memory everywhere (no BestEffort pod), valid quantities, and the GPU."""
     problems = []
@@ -408,9 +428,8 @@ def check_resources(objects: list[dict], overlay: str) -> list[str]:
                 for resource, value in resources.get(part, {}).items():
                     if not _QUANTITY.match(str(value)):
                         problems.append(f"{where}: resources.{part}.{resource} {value!r} is not a quantity")
-            gpus = resources.get("limits", {}).get("nvidia.com/gpu")
-            if service_module(container) == "services.gpu_worker" and overlay.startswith("gpu") and not gpus:
-                problems.append(f"{where}: the gpu overlay's worker reserves no nvidia.com/gpu")
+            if service_module(container) == "services.gpu_worker" and overlay.startswith("gpu"):
+                problems += _gpu_problems(where, container, by_kind(objects, "ConfigMap"))
     claims = {**by_kind(objects, "PersistentVolumeClaim"),
               **{f"{o['metadata']['name']}/{c['metadata']['name']}": c for o in by_kind(objects, "StatefulSet").values()
                  for c in o["spec"].get("volumeClaimTemplates", [])}}
@@ -661,6 +680,8 @@ def check_compose(config: dict, variant: str) -> list[str]:
         devices = str(services["gpu-worker"].get("deploy", {}))
         if variant == "gpu" and "'gpu'" not in devices:
             problems.append("compose gpu-worker: no GPU reservation")
+        elif variant == "gpu":
+            problems += _compose_gpu_count(services["gpu-worker"], worker.worker.tensor_parallel_size)
         if variant == "cpu" and "gpu" in devices:
             problems.append("compose (cpu) gpu-worker: still reserves a GPU")
         for name in ("scheduler", "gateway"):
@@ -670,6 +691,15 @@ def check_compose(config: dict, variant: str) -> list[str]:
                 problems.append(f"compose {name}: stop_grace_period {grace:.0f}s does not cover its drain {drain}s")
         problems += _prometheus_targets(config, scheduler.metrics_port, gateway.port)
     return problems
+
+
+def _compose_gpu_count(worker: dict, ranks: int) -> list[str]:
+    """One GPU reserved for each tensor-parallel rank."""
+    devices = worker["deploy"].get("resources", {}).get("reservations", {}).get("devices", [])
+    counts = [d.get("count") for d in devices if "gpu" in d.get("capabilities", [])]
+    if counts != [ranks]:
+        return [f"compose gpu-worker: reserves {counts} GPUs for --tensor-parallel-size {ranks} (one GPU a rank)"]
+    return []
 
 
 def _compose_hardening(services: dict) -> list[str]:
@@ -713,12 +743,14 @@ def metric_names() -> frozenset[str]:
     from services.gateway.http.metrics import GatewayMetrics
     from services.gateway.routing.replica_gauges import ReplicaStateCollector
     from services.gateway.routing.router_metrics import RouterMetrics
+    from services.gateway.tenants.metrics import TenantMetrics
     from services.scheduler.metrics import SchedulerMetrics
     from shared.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}
-    for metrics in (GatewayMetrics(), RouterMetrics(CollectorRegistry()), SchedulerMetrics(lambda: None)):
+    for metrics in (GatewayMetrics(), RouterMetrics(CollectorRegistry()), TenantMetrics(CollectorRegistry()),
+                    SchedulerMetrics(lambda: None)):
         for value in vars(metrics).values():
             if isinstance(value, MetricWrapperBase):
                 base = value._name

@@ -57,6 +57,10 @@ def test_engine_replica_is_one_pod_with_scheduler_and_worker(rendered):
     assert set(containers) == {"services.scheduler", "services.gpu_worker"}
     worker = containers["services.gpu_worker"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
+    (tp_engine,) = [p for p in checks.pods(rendered["gpu-tp"]) if p.name == "engine"]
+    tp_worker = next(c for c in tp_engine.containers(init=False) if c["name"] == "gpu-worker")
+    assert tp_worker["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert {"name": "PAGEDSERVE_TENSOR_PARALLEL_SIZE", "value": "4"} in tp_worker["env"]
     (cpu_engine,) = [p for p in checks.pods(rendered["cpu"]) if p.name == "engine"]
     assert "nvidia.com/gpu" not in str(cpu_engine.spec)
 
@@ -103,3 +107,15 @@ def test_engine_replicas_are_one_number_and_gateways_find_them_by_dns(root, rend
     assert scaled_engine["spec"]["replicas"] == 3 and {**scaled_engine["spec"], "replicas": 2} == engine["spec"]
     (service,) = [o for o in rendered["gpu"] if o["kind"] == "Service" and o["metadata"]["name"] == "engine"]
     assert service["spec"]["clusterIP"] == "None"
+
+
+def test_compose_reserves_a_gpu_for_each_tensor_parallel_rank(root):
+    config, problems = checks.compose_config(root, "gpu", {"PAGEDSERVE_TENSOR_PARALLEL_SIZE": "4"})
+    assert problems == [] and checks.check_compose(config, "gpu") == []
+    worker = config["services"]["gpu-worker"]
+    assert worker["environment"]["PAGEDSERVE_TENSOR_PARALLEL_SIZE"] == "4"
+    (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device["count"] == 4
+    device["count"] = 1
+    assert "compose gpu-worker: reserves [1] GPUs for --tensor-parallel-size 4 (one GPU a rank)" in \
+        checks.check_compose(config, "gpu")

@@ -91,6 +91,9 @@ MUTATIONS = [
              "            runtimeClassName: nvidia\n", "", "runtimeClassName"),
     Mutation("engine worker Burstable (limit above request)", "deploy/k8s/overlays/gpu/kustomization.yaml",
              'limits: {cpu: "8", memory: 32Gi,', 'limits: {cpu: "8", memory: 48Gi,', "not Guaranteed QoS"),
+    Mutation("tensor-parallel pod with fewer GPUs than ranks", "deploy/k8s/overlays/gpu-tp/kustomization.yaml",
+             "          - spec.template.spec.containers.[name=gpu-worker].resources.limits.[nvidia.com/gpu]\n", "",
+             "resources.limits nvidia.com/gpu 1 for --tensor-parallel-size 4"),
     Mutation("compose Grafana with its login form", "docker-compose.yml", 'GF_AUTH_DISABLE_LOGIN_FORM: "true"',
              'GF_AUTH_DISABLE_LOGIN_FORM: "false"', "login form"),
 ]

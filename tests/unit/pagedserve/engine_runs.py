@@ -14,6 +14,7 @@ from pagedserve.llm import chat_token_ids
 from pagedserve.llm_engine import LLMEngine
 from services.gpu_worker.kv_cache import kv_bytes_per_token
 from services.gpu_worker.model_config import load_model_config
+from services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from services.gpu_worker.worker import Worker
 from services.gpu_worker.worker_config import WorkerConfig
 from services.scheduler.scheduler import Scheduler
@@ -72,6 +73,16 @@ def assert_same_outputs(got: Run, reference: Run, requests: list[GenerateRequest
             assert (got.tokens[req_id], got.reasons[req_id]) == (reference.tokens[req_id], reference.reasons[req_id]), \
                 req_id
             assert len(got.tokens[req_id]) <= request.sampling.max_tokens
+
+
+def batch_invariant_worker(model_dir: Path, num_blocks: int = 256) -> Worker:
+    """The serving defaults (dtype auto, KV cache dtype auto, C kernels) with --batch-invariant: a request's numbers
+    do not depend on its batch, chunking or preemption."""
+    model_config = load_model_config(model_dir)
+    platform = CpuPlatform.from_config(WorkerConfig(model_dir=str(model_dir)))
+    kv_dtype = platform.kv_cache_dtype("auto", platform.serving_dtype(model_config.dtype, str(model_dir)))
+    return Worker(WorkerConfig(model_dir=str(model_dir), batch_invariant=True,
+                               kv_cache_memory_bytes=num_blocks * 16 * kv_bytes_per_token(model_config, kv_dtype)))
 
 
 def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool, num_blocks: int | None = None,

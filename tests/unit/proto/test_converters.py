@@ -118,6 +118,22 @@ def test_priority_and_tenant_round_trip_and_unset_ones_are_the_defaults():
     assert (unset.priority, unset.tenant, unset.tenant_weight) == (0, "", 1.0)  # weight 0 on the wire: unset
 
 
+def test_resumed_output_token_ids_round_trip_and_unset_is_empty():
+    request = GenerateRequest("r1", [1, 2], PARAMS, resumed_output_token_ids=[7, 0, 49151])
+    assert generate_request_from_pb(generate_request_to_pb(request)).resumed_output_token_ids == [7, 0, 49151]
+    unset = generate_request_from_pb(scheduler_pb2.GenerateRequest(req_id="r2", prompt_token_ids=[1]))
+    assert unset.resumed_output_token_ids == []
+
+
+def test_every_wire_finish_reason_round_trips_and_handoff_is_its_own_value():
+    for reason in (None, FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.HANDOFF):
+        output = RequestOutput("r1", [3], [None], reason, 2, 0, 5)
+        assert output_from_chunk("r1", output_to_chunk(output)) == output
+    assert output_to_chunk(RequestOutput("r1", [], [], FinishReason.HANDOFF, 2, 0, 5)).finish_reason == (
+        scheduler_pb2.FINISH_REASON_HANDOFF)
+    assert FinishReason.HANDOFF.value == "handoff"
+
+
 def test_description_and_stats_round_trip():
     description = ModelDescription("m", "LlamaForCausalLM", 8192, 49152, 364, 16, (2, 0), "float32", "cpu", "torch",
                                     268369920, incarnation_id="w-1")

@@ -101,3 +101,26 @@ async def test_integrity_report_counts_every_block_and_names_a_leak():
         servicer.engine.scheduler.kv.blocks_of["gone"] = []  # a finished request still listed as a block holder
         report = await servicer.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), FakeContext())
         assert not report.ok and "finished requests hold blocks: {'gone'}" in report.problem
+
+
+@pytest.mark.asyncio
+async def test_a_continuation_streams_only_new_tokens_and_one_with_nothing_left_is_invalid():
+    servicer = SchedulerServicer()
+    servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
+    async with running(servicer.engine.run()):
+        resumed = generate_pb("r", max_tokens=10)
+        resumed.resumed_output_token_ids.extend([9, 8, 7, 6])
+        chunks = [chunk async for chunk in servicer.Generate(resumed, FakeContext())]
+        assert sum(len(c.token_ids) for c in chunks) == 6  # max_tokens counts the 4 resumed ones
+        assert [c.num_output_tokens for c in chunks] == list(range(5, 11))
+        assert {c.num_prompt_tokens for c in chunks} == {3}
+        assert chunks[-1].finish_reason == scheduler_pb2.FINISH_REASON_LENGTH
+        done = generate_pb("done", max_tokens=4)
+        done.resumed_output_token_ids.extend([9, 8, 7, 6])
+        context = FakeContext()
+        with pytest.raises(Aborted):
+            async for _ in servicer.Generate(done, context):
+                pass
+        assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT
+        assert "resumed_output_token_ids has 4 tokens but max_tokens is 4" in context.aborted[1]
+        assert servicer.engine.num_live_requests == 0 and servicer.stats().kv_usage == 0.0

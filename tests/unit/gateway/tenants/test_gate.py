@@ -131,3 +131,25 @@ def test_random_paths_with_and_without_keys_add_no_series(tokenizer, tmp_path):
     assert after == before
     assert not any("/v1/" in s and "route=" in s and "{model_id" not in s and "completions" not in s
                    and 'route="/v1/models"' not in s for s in after)
+
+
+def test_cache_salts_are_bound_to_the_tenant(tokenizer, tmp_path):
+    """Two tenants never share a prefix-cache entry, even when one sends the other's cache_salt; one tenant's
+    requests with the same salt (or none) share theirs. The scheduler salts the first block key with what it gets
+    (tests/unit/scheduler: different salts, no shared block), so what it gets decides the isolation."""
+    with gateway_with_state(tokenizer, api_keys_file=keys_file(tmp_path)) as (client, fake, _):
+        for key, salt in [("sk-a", None), ("sk-a", None), ("sk-b", None), ("sk-a", "s1"), ("sk-b", "s1"),
+                          ("sk-b", "team-a\x1fs1")]:
+            body = CHAT if salt is None else {**CHAT, "cache_salt": salt}
+            assert client.post("/v1/chat/completions", json=body, headers=auth(key)).status_code == 200
+        metrics = client.get("/metrics").text
+    a_none, a_none_again, b_none, a_s1, b_s1, b_copied = [r.cache_salt for r in fake.requests]
+    assert a_none == a_none_again and len({a_none, b_none, a_s1, b_s1, b_copied}) == 5
+    assert 'pagedserve_gateway_tenant_tokens_total{kind="cached",tenant="team-a"}' in metrics
+
+
+def test_an_open_gateway_keeps_the_unsalted_cache_and_namespaces_a_sent_salt(tokenizer):
+    with gateway_with_state(tokenizer) as (client, fake, _):
+        client.post("/v1/chat/completions", json=CHAT)
+        client.post("/v1/chat/completions", json={**CHAT, "cache_salt": "s1"})
+    assert [r.cache_salt for r in fake.requests] == [None, "default\x1fs1"]

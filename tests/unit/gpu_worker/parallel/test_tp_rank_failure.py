@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from tests.integration.processes import process_alive
 from tests.unit.gpu_worker.parallel.tp_models import make_tp_model
 
 EXIT_WITHIN_S = 10.0
@@ -52,13 +53,5 @@ def test_killing_a_rank_ends_the_worker(tmp_path):
     assert "tensor-parallel rank gone: tp-rank-2" in log_path.read_text()
     time.sleep(1.0)
     for pid in pids:  # no orphan rank left behind
-        assert not _alive(pid), f"rank pid {pid} outlived the worker"
+        assert not process_alive(pid), f"rank pid {pid} outlived the worker"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is dead, awaiting its parent's wait
-        return stat.read().split()[2] != "Z"
