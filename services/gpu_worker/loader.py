@@ -3,8 +3,9 @@ holding a GGUF file instead: gguf/load.py; a GPTQ / AWQ / FP8 checkpoint: quanti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -20,16 +21,23 @@ from shared.gguf_folder import find_gguf
 if TYPE_CHECKING:
     from services.gpu_worker.platforms.platform import Platform
 
-def read_checkpoint(model_dir: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of every *.safetensors file in the folder (sharded checkpoints included)."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+def checkpoint_files(model_dir: str | Path) -> list[Path]:
+    """The folder's *.safetensors files, in name order (one, or the shards of a sharded checkpoint)."""
+    return sorted(Path(model_dir).glob("*.safetensors"))
+
+
+def read_checkpoint(model_dir: str | Path,
+                    take: Callable[[str, Any], torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor of every *.safetensors file in the folder: whole, or what `take(name, lazy slice)` reads of it
+    (a tensor-parallel rank reads only its part)."""
+    files = checkpoint_files(model_dir)
     if not files:
         raise FileNotFoundError(f"no *.safetensors file in model folder {model_dir}")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensors[name] = f.get_tensor(name)
+                tensors[name] = f.get_tensor(name) if take is None else take(name, f.get_slice(name))
     return tensors
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from tests.faults.stack import FaultStack
 from tests.integration.processes import wait_for
+from tests.support.fault_stack import FaultStack
 
 
 def chat_body(content: str, max_tokens: int = 24, **extra) -> dict:

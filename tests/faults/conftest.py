@@ -3,27 +3,15 @@ break and leave the stack healthy and quiescent."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from tests.faults.stack import FaultStack
-from tests.integration.processes import MODEL_DIR
-
-STARTUP_TIMEOUT_S = 240
+from tests.support.fault_stack import FaultStack, running_fault_stack
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> FaultStack:
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
-    running = FaultStack(tmp_path_factory.mktemp("faults"), env)
-    try:
-        running.start(STARTUP_TIMEOUT_S)
+    with running_fault_stack(tmp_path_factory.mktemp("faults")) as running:
         yield running
-    finally:
-        running.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from tests.integration.processes import free_port
+from services.ports import free_port
 
 FLOOD_HEADER = b"*2147483647\r\n"
 FLOOD_CHUNK = b":1\r\n" * 16384

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.faults.conftest import STARTUP_TIMEOUT_S
 from tests.faults.hostile_redis import HostileRedis
-from tests.faults.stack import FaultStack
-from tests.integration.processes import MODEL_DIR, wait_for
+from tests.integration.processes import wait_for
+from tests.support.fault_stack import FaultStack, running_fault_stack
 
 BODY = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0.0,
         "ignore_eos": True}
@@ -39,16 +38,8 @@ def cpu_s(pid: int) -> float:
 
 @pytest.fixture(scope="module")
 def redis_stack(tmp_path_factory) -> FaultStack:
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
-    running = FaultStack(tmp_path_factory.mktemp("hostile-redis"), env)
-    running.base_argv = {"scheduler": list(running.scheduler.argv), "gateway": list(running.gateway.argv)}
-    try:
-        running.start(STARTUP_TIMEOUT_S)
+    with running_fault_stack(tmp_path_factory.mktemp("hostile-redis")) as running:
         yield running
-    finally:
-        running.close()
 
 
 def restart_with_redis(stack: FaultStack, redis_url: str | None) -> None:

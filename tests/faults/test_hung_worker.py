@@ -8,7 +8,7 @@ import signal
 import time
 
 from tests.faults.clients import DRAGONS, answer, join, start_streams
-from tests.faults.stack import WORKER_PROBE_TIMEOUT_S
+from tests.support.fault_stack import WORKER_PROBE_TIMEOUT_S
 
 DETECTION_BOUND_S = WORKER_PROBE_TIMEOUT_S + 5.0  # a probe's interval and deadline, the gateway's health poll, load
 

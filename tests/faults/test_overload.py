@@ -9,7 +9,7 @@ import asyncio
 import signal
 
 from benchmarks.overload import run
-from tests.faults.stack import FaultStack
+from tests.support.fault_stack import FaultStack
 
 MAX_QUEUE_WAIT_S = "0.5"  # a tight admission bound, so that the suite's short run reaches it
 # A request the next step takes is never refused, so 429s need full slots: few enough that the short run at 4x

@@ -26,8 +26,8 @@ from benchmarks.engine.workloads import TOPICS
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from tests.faults.clients import chat_body, join, start_streams
-from tests.faults.stack import FaultStack
 from tests.integration.processes import MODEL_DIR, process_alive, wait_for
+from tests.support.fault_stack import FaultStack
 from tests.unit.pagedserve.engine_runs import exact_worker, run
 
 pytestmark = pytest.mark.slow  # about a minute and a half of CPU: two TP = 3 worker starts and the TP = 1 reference

@@ -7,17 +7,16 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import httpx
 import redis
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from services.ports import free_port
+from tests.support.waiting import http_ok, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL_DIR = REPO / "models" / "SmolLM2-135M-Instruct"
@@ -37,24 +36,16 @@ def process_alive(pid: int) -> bool:
         return False
 
 
-def wait_for(condition, timeout_s: float, interval_s: float = 0.05, what: str = "condition"):
-    deadline_s = time.monotonic() + timeout_s
-    while time.monotonic() < deadline_s:
-        value = condition()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise TimeoutError(f"{what} not met within {timeout_s}s")
-
-
 class RedisServer:
-    """A throw-away redis-server on a free port; can be killed and restarted on the same port."""
+    """A throw-away redis-server on a free port; can be killed and restarted on the same port. With a password, it
+    refuses clients without it (auth failures then come from a real server)."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, password: str = "") -> None:
         if shutil.which("redis-server") is None:
             raise RuntimeError("redis-server is not installed: run `make redis-server` (apt-get install redis-server)")
         self.port = free_port()
         self.log_path = log_path
+        self.password = password
         self.process: subprocess.Popen | None = None
 
     @property
@@ -64,7 +55,9 @@ class RedisServer:
     def start(self) -> None:
         with open(self.log_path, "a") as log:
             self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                                             "--save", "", "--appendonly", "no"], stdout=log, stderr=log)
+                                             "--save", "", "--appendonly", "no",
+                                             *(["--requirepass", self.password] if self.password else [])],
+                                            stdout=log, stderr=log)
         wait_for(self._pings, 10, what="redis-server answering PING")
 
     def _pings(self) -> bool:
@@ -81,7 +74,7 @@ class RedisServer:
             self.process = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2, decode_responses=True)
+        return redis.Redis(port=self.port, password=self.password or None, socket_timeout=2, decode_responses=True)
 
 
 @dataclass
@@ -166,17 +159,12 @@ class Stack:
         return f"pagedserve:{self.instance_id}:{suffix}"
 
     def wait_healthy(self, timeout_s: float) -> None:
-        deadline_s = time.monotonic() + timeout_s
-        while time.monotonic() < deadline_s:
+        def healthy() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"pagedserve serve exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise TimeoutError(f"the stack was not healthy within {timeout_s}s:\n{self.log_tail()}")
+            return http_ok(self.base_url + "/health", timeout_s=1)
+
+        wait_for(healthy, timeout_s, interval_s=0.25, what="the stack's /health 200", detail=self.log_tail)
 
 
 def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollector, env: dict,

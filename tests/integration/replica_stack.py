@@ -3,62 +3,27 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from services.ports import free_port
-from tests.integration.processes import MODEL_DIR, REPO, RedisServer
+from tests.integration.processes import MODEL_DIR, RedisServer
+from tests.support.service_process import ServiceProcess, service_env
+from tests.support.waiting import wait_for
 
 REPLICA_IDS = ("replica-0", "replica-1")
 
 
 @dataclass
-class Service:
-    name: str
-    process: subprocess.Popen
-    log_path: Path
-    argv: list[str] = field(default_factory=list)
-    env: dict = field(default_factory=dict)
-
-    def restart(self) -> None:
-        """Start it again as it was started (after it died or was stopped), appending to its log."""
-        self.stop()
-        with open(self.log_path, "a") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", *self.argv], stdout=log, stderr=subprocess.STDOUT,
-                                            cwd=REPO, env=self.env)
-
-    def log_tail(self, num_lines: int = 30) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()[-num_lines:]
-        return "\n".join(f"{self.name}| {line}" for line in lines)
-
-    def send(self, signum: int) -> None:
-        self.process.send_signal(signum)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
-            self.process.terminate()
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@dataclass
 class ReplicaStack:
     redis: RedisServer
-    workers: list[Service]
-    schedulers: list[Service]
-    gateways: dict[str, tuple[Service, int]]  # routing policy -> (gateway, its HTTP port)
-    services: list[Service] = field(default_factory=list)
+    workers: list[ServiceProcess]
+    schedulers: list[ServiceProcess]
+    gateways: dict[str, tuple[ServiceProcess, int]]  # routing policy -> (gateway, its HTTP port)
+    services: list[ServiceProcess] = field(default_factory=list)
 
     def base_url(self, routing: str) -> str:
         return f"http://127.0.0.1:{self.gateways[routing][1]}"
@@ -85,37 +50,30 @@ class ReplicaStack:
         return self.replica_gauge(routing, "pagedserve_gateway_replica_load")
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline_s = time.monotonic() + timeout_s
-        while time.monotonic() < deadline_s:
-            dead = [s.name for s in self.services if s.process.poll() is not None]
+        def ready() -> bool:
+            dead = [s.name for s in self.services if not s.running]
             if dead:
                 raise RuntimeError(f"{dead} exited during start-up:\n{self.log_tails()}")
             try:
-                if all(self.replicas_up(routing) == dict.fromkeys(REPLICA_IDS, True) for routing in self.gateways):
-                    return
+                return all(self.replicas_up(routing) == dict.fromkeys(REPLICA_IDS, True) for routing in self.gateways)
             except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"the replicas were not ready within {timeout_s}s:\n{self.log_tails()}")
+                return False
+
+        wait_for(ready, timeout_s, interval_s=0.5, what="both replicas up on every gateway", detail=self.log_tails)
 
     def stop(self) -> None:
         for service in reversed(self.services):
-            service.stop()
+            service.stop(timeout_s=30)
 
 
-def _start(name: str, argv: list[str], tmp_dir: Path, env: dict) -> Service:
-    log_path = tmp_dir / f"{name}.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", *argv], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                   env=env)
-    return Service(name, process, log_path, argv, env)
+def _start(name: str, argv: list[str], tmp_dir: Path, env: dict) -> ServiceProcess:
+    return ServiceProcess(name, [sys.executable, "-m", *argv], tmp_dir / f"{name}.log", env).start()
 
 
 def start_replica_stack(tmp_dir: Path, redis_server: RedisServer, worker_flags: tuple[str, ...] = (),
                         scheduler_flags: tuple[str, ...] = (), gateway_flags: tuple[str, ...] = (),
                         routings: tuple[str, ...] = ("prefix", "round-robin")) -> ReplicaStack:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
-    env["PYTHONUNBUFFERED"] = "1"
+    env = service_env()
     worker_ports, scheduler_ports = [free_port(), free_port()], [free_port(), free_port()]
     workers = [_start(f"worker-{i}", ["services.gpu_worker", str(MODEL_DIR), "--worker-port", str(port),
                                       "--num-threads", "1", "--kv-cache-memory-bytes", "256MiB", *worker_flags],

@@ -159,7 +159,7 @@ def test_a_hung_scheduler_is_out_within_5s_its_requests_retried_and_back_when_it
     wait_idle(replicas)
     retries_before = metric(httpx.get(base_url + "/metrics").text, "pagedserve_gateway_route_retries_total",
                             "replica-0")
-    replicas.schedulers[0].send(signal.SIGSTOP)
+    replicas.schedulers[0].signal(signal.SIGSTOP)
     stopped_s = time.monotonic()
     try:
         async def burst() -> list[Reply]:
@@ -173,7 +173,7 @@ def test_a_hung_scheduler_is_out_within_5s_its_requests_retried_and_back_when_it
         retries = metric(httpx.get(base_url + "/metrics").text, "pagedserve_gateway_route_retries_total", "replica-0")
         assert retries >= retries_before + 1, "some request was routed to the hung replica and retried"
     finally:
-        replicas.schedulers[0].send(signal.SIGCONT)
+        replicas.schedulers[0].signal(signal.SIGCONT)
     wait_for(lambda: replicas.replicas_up("prefix")["replica-0"], 15, "replica-0 back")
 
 
@@ -206,7 +206,7 @@ def test_a_killed_worker_s_streams_resume_and_the_other_replica_serves_everythin
             while len(started) < 8 and time.monotonic() < deadline_s and not any(s.done() for s in streams):
                 await asyncio.sleep(0.05)
             assert set(started) == set(REPLICA_IDS), f"both replicas should be streaming: {started}"
-            replicas.workers[0].send(signal.SIGKILL)
+            replicas.workers[0].signal(signal.SIGKILL)
             ended = await asyncio.wait_for(asyncio.gather(*streams), 120)
             after = await asyncio.wait_for(asyncio.gather(*(ask(http, f"Say hello {i}.", i, 1) for i in range(6))),
                                            120)

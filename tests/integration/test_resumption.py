@@ -236,7 +236,7 @@ def test_kill_9_of_a_worker_mid_run_changes_no_stream_and_a_straddling_stop_stri
         arrivals = probe_result.arrivals_s
         await asyncio.sleep(3 * statistics.median(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)))
         killed["replica"], killed["at_s"] = probe_result.replica, time.monotonic()
-        stack.workers[REPLICA_IDS.index(probe_result.replica)].send(signal.SIGKILL)
+        stack.workers[REPLICA_IDS.index(probe_result.replica)].signal(signal.SIGKILL)
 
     results = asyncio.run(run_streams(stack, [*WORKLOAD, probe], kill_when_the_probe_holds_back_its_stop_string))
     logged = resumes_logged(stack, log_from)
@@ -280,8 +280,8 @@ def test_sigterm_of_a_whole_replica_hands_its_streams_off_unchanged(stack, basel
         await wait_until(lambda: any(going(replica) >= 2 for replica in REPLICA_IDS))
         index = next(i for i, replica in enumerate(REPLICA_IDS) if going(replica) >= 2)
         stopped["replica"], stopped["at_s"] = REPLICA_IDS[index], time.monotonic()
-        stack.schedulers[index].send(signal.SIGTERM)
-        stack.workers[index].send(signal.SIGTERM)
+        stack.schedulers[index].signal(signal.SIGTERM)
+        stack.workers[index].signal(signal.SIGTERM)
 
     results = asyncio.run(run_streams(stack, WORKLOAD, drain_the_busier_replica))
     logged = resumes_logged(stack, log_from)

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors import safe_open
 
 from services.gpu_worker.attention.backend import AttentionBackend
 from services.gpu_worker.checkpoint_keys import to_model_state
 from services.gpu_worker.dummy_weights import dummy_state
+from services.gpu_worker.loader import checkpoint_files, read_checkpoint
 from services.gpu_worker.model_config import UnsupportedModelError
 from services.gpu_worker.parallel.group import TensorParallelGroup
 from services.gpu_worker.parallel.layers import ParallelDecoderLM
@@ -23,15 +23,9 @@ if TYPE_CHECKING:
 
 def read_shard(model_dir: str | Path, plan: ShardPlan) -> dict[str, torch.Tensor]:
     """This rank's slice of every tensor of every *.safetensors file in the folder."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
+    if not checkpoint_files(model_dir):
         raise UnsupportedModelError(f"tensor parallelism loads safetensors checkpoints; none in {model_dir}")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                tensors[name] = plan.take(name, f.get_slice(name))
-    return tensors
+    return read_checkpoint(model_dir, plan.take)
 
 
 def load_sharded_model(model_dir: str | Path, plan: ShardPlan, group: TensorParallelGroup,

@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-import redis
 
-from services.ports import free_port
 from tests.faults.gateway.stack import REDIS_PASSWORD, GatewayStack, start_gateway_stack
-from tests.integration.processes import MODEL_DIR, wait_for
+from tests.integration.processes import MODEL_DIR, RedisServer
 
 STARTUP_TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="package")
-def redis_port():
+def redis_port(tmp_path_factory):
     """A redis-server that wants a password the stack does not have: its writes fail authentication."""
-    port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--requirepass", REDIS_PASSWORD],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def answers() -> bool:
-        try:
-            return redis.Redis(port=port, password=REDIS_PASSWORD, socket_timeout=1).ping()
-        except redis.RedisError:
-            return False
-
+    server = RedisServer(tmp_path_factory.mktemp("redis") / "redis.log", password=REDIS_PASSWORD)
+    server.start()
     try:
-        wait_for(answers, 10, what="redis-server answering")
-        yield port
+        yield server.port
     finally:
-        process.kill()
-        process.wait()
+        server.kill()
 
 
 @pytest.fixture(scope="package")
@@ -44,8 +29,8 @@ def gateway_stack(tmp_path_factory, redis_port) -> GatewayStack:
     try:
         yield stack
     finally:
-        code = stack.serve.stop()
-        assert code == 0, f"pagedserve serve exited with {code}:\n{stack.serve.tail()}"
+        code = stack.serve.stop(strict=True)
+        assert code == 0, f"pagedserve serve exited with {code}:\n{stack.serve.log_tail()}"
 
 
 @pytest.fixture

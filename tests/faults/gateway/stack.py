@@ -4,22 +4,17 @@ and a Redis URL whose password Redis refuses), and extra gateways with their own
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
-import httpx
-
 from services.ports import free_port
-from services.proto_convert.scheduler_contract import stats_from_pb
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from shared.scheduler_stats import SchedulerStats
-from tests.integration.processes import MODEL_DIR, REPO, wait_for
+from tests.integration.processes import MODEL_DIR
+from tests.support.fault_stack import scheduler_stats
+from tests.support.service_process import ServiceProcess, service_env
+from tests.support.waiting import wait_for
 
 API_KEY = "fault-suite-api-key-4d1c"
 INTERNAL_TOKEN = "fault-suite-internal-token-9e2b"
@@ -29,65 +24,17 @@ DEFAULT_MAX_TOKENS = 8  # the served folder's generation_config.json default: a 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
-def service_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAGEDSERVE_", "OTEL_"))}
-    return {**env, "PAGEDSERVE_INTERNAL_TOKEN": INTERNAL_TOKEN, "PAGEDSERVE_API_KEY": API_KEY,
-            "PYTHONUNBUFFERED": "1"}
+def stack_env() -> dict[str, str]:
+    return service_env(PAGEDSERVE_INTERNAL_TOKEN=INTERNAL_TOKEN, PAGEDSERVE_API_KEY=API_KEY)
 
 
-@dataclass
-class Process:
-    """A service process whose output goes to a file."""
-
-    process: subprocess.Popen
-    log_path: Path
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def tail(self, num_lines: int = 40) -> str:
-        return "\n".join(self.log().splitlines()[-num_lines:])
-
-    def wait_healthy(self, timeout_s: float) -> None:
-        def healthy() -> bool:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"exited with {self.process.returncode}:\n{self.tail()}")
-            try:
-                return httpx.get(self.base_url + "/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        try:
-            wait_for(healthy, timeout_s, interval_s=0.2, what="/health 200")
-        except TimeoutError:
-            raise TimeoutError(f"not healthy within {timeout_s}s:\n{self.tail()}") from None
-
-    def stop(self, timeout_s: float = 60) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError(f"did not stop on SIGTERM within {timeout_s}s:\n{self.tail()}") from None
-        return self.process.returncode
-
-
-def start_process(argv: list[str], log_path: Path, port: int, env: dict[str, str]) -> Process:
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-    return Process(process, log_path, port)
+def start_process(name: str, argv: list[str], log_path: Path, port: int) -> ServiceProcess:
+    return ServiceProcess(name, argv, log_path, stack_env(), port).start()
 
 
 @dataclass
 class GatewayStack:
-    serve: Process
+    serve: ServiceProcess
     scheduler_port: int
     worker_port: int
     metrics_port: int
@@ -97,24 +44,21 @@ class GatewayStack:
     def base_url(self) -> str:
         return self.serve.base_url
 
-    def start_gateway(self, *flags: str, name: str = "gateway") -> Process:
+    def start_gateway(self, *flags: str, name: str = "gateway") -> ServiceProcess:
         """Another gateway on this stack's scheduler, with its own flags; healthy when returned."""
         port = free_port()
         argv = [sys.executable, "-m", "services.gateway", str(MODEL_DIR), "--port", str(port),
                 "--scheduler-address", f"127.0.0.1:{self.scheduler_port}", "--health-poll-interval-s", "0.2", *flags]
-        gateway = start_process(argv, self.tmp_dir / f"{name}-{port}.log", port, service_env())
+        gateway = start_process(name, argv, self.tmp_dir / f"{name}-{port}.log", port)
         try:
             gateway.wait_healthy(120)
         except BaseException:
-            gateway.process.kill()
+            gateway.kill()
             raise
         return gateway
 
     def stats(self) -> SchedulerStats:
-        with grpc.insecure_channel(f"127.0.0.1:{self.scheduler_port}") as channel:
-            stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
-            return stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=10,
-                                               metadata=(("x-pagedserve-token", INTERNAL_TOKEN),)))
+        return scheduler_stats(self.scheduler_port, INTERNAL_TOKEN)
 
     def wait_quiescent(self, timeout_s: float = 60) -> float:
         """Seconds until the scheduler runs and queues nothing and holds no KV block: nothing leaked."""
@@ -152,11 +96,11 @@ def start_gateway_stack(tmp_dir: Path, redis_port: int, timeout_s: float) -> Gat
             # no admission by predicted wait: these cases load the engine on a shared, slow box, and what they
             # check is the gateway (admission has its own cases in tests/faults/)
             "--max-queue-wait-s", "0"]
-    serve = start_process(argv, tmp_dir / "serve.log", port, service_env())
+    serve = start_process("serve", argv, tmp_dir / "serve.log", port)
     stack = GatewayStack(serve, scheduler_port, worker_port, metrics_port, tmp_dir)
     try:
         serve.wait_healthy(timeout_s)
     except BaseException:
-        serve.stop()
+        serve.stop(strict=True)
         raise
     return stack

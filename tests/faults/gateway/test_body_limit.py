@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from tests.faults.gateway.stack import AUTH
-from tests.run_guard import rss_bytes
 
 LIMIT_BYTES = 4 * 1024**2  # the default --max-body-bytes
 MAX_RSS_GROWTH_BYTES = 64 * 1024**2
@@ -54,21 +53,21 @@ class HealthProbe:
 def gateway(gateway_stack):
     gateway = gateway_stack.start_gateway(name="body-limit")
     yield gateway
-    assert gateway.stop() == 0
+    assert gateway.stop(strict=True) == 0
 
 
 @pytest.mark.parametrize("size_mb", [10, 50])
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 def test_big_bodies_get_413_and_memory_stays_bounded(gateway, size_mb, framing):
     body = chat_body(size_mb * 1024**2)
-    before = rss_bytes(gateway.process.pid)
+    before = gateway.rss_bytes()
     content = body if framing == "content-length" else (body[i:i + 65536] for i in range(0, len(body), 65536))
     with HealthProbe(gateway.base_url) as probe:
         start_s = time.perf_counter()
         response = httpx.post(gateway.base_url + "/v1/chat/completions", content=content, timeout=120,
                               headers={**AUTH, "content-type": "application/json"})
         elapsed_s = time.perf_counter() - start_s
-    after = rss_bytes(gateway.process.pid)
+    after = gateway.rss_bytes()
     print(f"\n{size_mb} MB {framing}: {response.status_code} in {elapsed_s:.2f} s; /health max "
           f"{max(probe.latencies_s) * 1000:.0f} ms over {len(probe.statuses)}; RSS {before / 2**20:.0f} -> "
           f"{after / 2**20:.0f} MiB")

@@ -36,7 +36,7 @@ def test_sigterm_lets_eight_streams_finish_then_exits_0(quiescent):
     refused = httpx.post(gateway.base_url + "/v1/chat/completions", json=SHORT, headers=AUTH, timeout=10)
     live = httpx.get(gateway.base_url + "/livez", timeout=10)
     results = streams.join(300)
-    assert gateway.process.wait(60) == 0, gateway.tail()
+    assert gateway.process.wait(60) == 0, gateway.log_tail()
     assert int(health.headers["retry-after"]) >= 1 and live.status_code == 200
     assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
     assert refused.json()["error"]["code"] == "service_unavailable"
@@ -49,7 +49,7 @@ def test_streams_past_the_drain_timeout_end_with_an_error_event_and_done(quiesce
     streams.wait_started(120)  # a request cut before its response began gets a JSON 503 instead (unit-tested)
     gateway.process.send_signal(signal.SIGTERM)
     results = streams.join(120)
-    assert gateway.process.wait(60) == 0, gateway.tail()
+    assert gateway.process.wait(60) == 0, gateway.log_tail()
     for result in results:
         assert result.status == 200 and result.done and result.finish_reason is None
         assert result.error["code"] == "service_unavailable" and "drain timeout" in result.error["message"]

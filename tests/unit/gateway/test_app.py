@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 
 import grpc
 import grpc.aio
 import pytest
-from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
+from tests.unit.gateway.app_client import app_client
+from tests.unit.gateway.app_client import serving as serving_state
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 
 CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
 
@@ -23,13 +19,9 @@ CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "What is
 @contextmanager
 def gateway_with_state(tokenizer, serving: bool = True, wait_ready: bool = True, **config_fields):
     """(client, fake scheduler, the app's Serving); config_fields override GatewayConfig's defaults."""
-    config = GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config_fields)
     fake = FakeSchedulerClient(tokenizer, serving=serving)
-    state = Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while wait_ready and not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
+    state = serving_state(tokenizer, fake, **config_fields)
+    with app_client(state, wait_ready) as client:
         yield client, fake, state
 
 

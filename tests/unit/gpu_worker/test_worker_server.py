@@ -65,30 +65,29 @@ def test_each_step_reports_the_model_threads_wait_since_its_previous_step():
     assert (second.forward_time_ns, second.sample_time_ns) == (int(STEP_S * 1e9), 1_000_000)
 
 
-@contextlib.contextmanager
-def serving(worker: StandInWorker):
+@contextlib.asynccontextmanager
+async def client_of(worker: StandInWorker):
+    """A WorkerClient connected to a real worker server over `worker`; closed, and the server stopped, after."""
     servicer = WorkerServicer()
     servicer.worker = worker
     port = free_port()
     server, _ = build_server(servicer, "127.0.0.1", port)
     server.start()
+    client = WorkerClient(f"127.0.0.1:{port}", step_timeout_s=30)
     try:
-        yield f"127.0.0.1:{port}"
+        yield client
     finally:
+        await client.close()
         server.stop(None)
 
 
 @pytest.mark.asyncio
 async def test_steps_sent_back_to_back_run_in_order_without_the_worker_waiting():
     worker = StandInWorker()
-    with serving(worker) as address:
-        client = WorkerClient(address, step_timeout_s=30)
-        try:
-            await asyncio.wait_for(client.submit(tagged(0), 1, {}), 30)  # the stream is open and warm
-            replies = [client.submit(tagged(tag), 2 + tag, {}) for tag in (1, 2, 3)]  # sent before any answer
-            outputs = await asyncio.wait_for(asyncio.gather(*replies), 30)
-        finally:
-            await client.close()
+    async with client_of(worker) as client:
+        await asyncio.wait_for(client.submit(tagged(0), 1, {}), 30)  # the stream is open and warm
+        replies = [client.submit(tagged(tag), 2 + tag, {}) for tag in (1, 2, 3)]  # sent before any answer
+        outputs = await asyncio.wait_for(asyncio.gather(*replies), 30)
     assert worker.executed == [0, 1, 2, 3]
     # the second and third were queued while the one before ran: the model thread went straight on
     assert all(out.idle_time_ns < STEP_S * 1e9 / 2 for out in outputs[1:]), [out.idle_time_ns for out in outputs]
@@ -97,19 +96,15 @@ async def test_steps_sent_back_to_back_run_in_order_without_the_worker_waiting()
 @pytest.mark.asyncio
 async def test_a_failed_step_breaks_the_stream_until_it_is_reset():
     worker = StandInWorker()
-    with serving(worker) as address:
-        client = WorkerClient(address, step_timeout_s=30)
-        try:
-            failing = client.submit(StepInput(finished_req_ids=["boom"]), 1, {})
-            behind = client.submit(tagged(1), 2, {})
-            for reply in (failing, behind):
-                with pytest.raises(grpc.aio.AioRpcError) as error:
-                    await asyncio.wait_for(reply, 30)
-                assert error.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
-            with pytest.raises(grpc.aio.AioRpcError):
-                await asyncio.wait_for(client.submit(tagged(2), 3, {}), 30)  # still broken
-            await client.reset_stream()
-            after = await asyncio.wait_for(client.submit(tagged(3), 4, {}), 30)
-        finally:
-            await client.close()
+    async with client_of(worker) as client:
+        failing = client.submit(StepInput(finished_req_ids=["boom"]), 1, {})
+        behind = client.submit(tagged(1), 2, {})
+        for reply in (failing, behind):
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await asyncio.wait_for(reply, 30)
+            assert error.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNAVAILABLE)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await asyncio.wait_for(client.submit(tagged(2), 3, {}), 30)  # still broken
+        await client.reset_stream()
+        after = await asyncio.wait_for(client.submit(tagged(3), 4, {}), 30)
     assert after.forward_time_ns == int(STEP_S * 1e9) and worker.executed[-1] == 3

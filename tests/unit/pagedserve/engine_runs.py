@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 import torch
+from transformers import AutoTokenizer
 
+from pagedserve.llm import chat_token_ids
 from pagedserve.llm_engine import LLMEngine
 from services.gpu_worker.kv_cache import kv_bytes_per_token
 from services.gpu_worker.model_config import load_model_config
@@ -16,6 +20,7 @@ from services.gpu_worker.worker_config import WorkerConfig
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
+from shared.sampling_params import SamplingParams
 
 
 @dataclass
@@ -32,6 +37,42 @@ def exact_worker(model_dir: Path) -> Worker:
     return Worker(WorkerConfig(model_dir=str(model_dir), dtype="float32", kv_cache_dtype="float32",
                                int8_activations=False, kv_cache_memory_bytes=256 * 16 * kv_bytes_per_token(
                                    model_config, torch.float32)))
+
+
+def chat_requests(model_dir: Path, contents: Sequence[str],
+                  sampling: Callable[[int, tuple[int, ...]], SamplingParams]) -> list[GenerateRequest]:
+    """One chat request a user message, r0, r1, ...; `sampling(i, stops)` gets the ids of ',' and '.'."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    stops = tuple(tokenizer.convert_tokens_to_ids(t) for t in (",", "."))
+    return [GenerateRequest(f"r{i}", chat_token_ids(tokenizer, [{"role": "user", "content": content}]),
+                            sampling(i, cast(tuple[int, ...], stops))) for i, content in enumerate(contents)]
+
+
+def mixed_stops(i: int, max_tokens: int, stops: tuple[int, ...]) -> SamplingParams:
+    """Greedy; a third of the requests stop on `stops`, a quarter ignore EOS."""
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, stop_token_ids=stops if i % 3 == 0 else (),
+                          ignore_eos=i % 4 == 1)
+
+
+def roomy_run(worker: Worker, requests: list[GenerateRequest]) -> Run:
+    """The serial reference in a pool that holds every request at once: nothing preempted."""
+    reference = run(worker, requests, async_scheduling=False)
+    assert reference.num_preemptions == 0
+    return reference
+
+
+def assert_same_outputs(got: Run, reference: Run, requests: list[GenerateRequest], aborts: dict[int, int]) -> None:
+    """Every request got the reference's tokens and finish reason exactly, within its max_tokens; an aborted one
+    (by index in `aborts`) a prefix of the reference's tokens."""
+    for index, request in enumerate(requests):
+        req_id = request.req_id
+        if index in aborts:
+            assert got.reasons[req_id] is FinishReason.ABORT
+            assert got.tokens[req_id] == reference.tokens[req_id][:len(got.tokens[req_id])]
+        else:
+            assert (got.tokens[req_id], got.reasons[req_id]) == (reference.tokens[req_id], reference.reasons[req_id]), \
+                req_id
+            assert len(got.tokens[req_id]) <= request.sampling.max_tokens
 
 
 def batch_invariant_worker(model_dir: Path, num_blocks: int = 256) -> Worker:

@@ -4,14 +4,19 @@ preemption in a tiny pool, through the real scheduler and worker (in process, on
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 
 from benchmarks.engine.workloads import TOPICS
-from pagedserve.llm import chat_token_ids
 from services.gpu_worker.worker import Worker
 from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from tests.unit.pagedserve.engine_runs import Run, exact_worker, run
+from tests.unit.pagedserve.engine_runs import (
+    Run,
+    assert_same_outputs,
+    chat_requests,
+    exact_worker,
+    mixed_stops,
+    roomy_run,
+    run,
+)
 
 NUM_REQUESTS = 24
 ABORTS = {3: 6, 10: 9, 17: 14}  # request index -> engine step at which it is aborted
@@ -27,24 +32,18 @@ def worker(smollm2_dir) -> Worker:
 def requests(smollm2_dir) -> list[GenerateRequest]:
     """Prompts of about 30 to 110 tokens, answers of 6 to 31; a third stop on a token id (',' or '.'), a quarter
     ignore EOS."""
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    stops = tuple(tokenizer.convert_tokens_to_ids(t) for t in (",", "."))
-    out = []
-    for i in range(NUM_REQUESTS):
+    def content(i: int) -> str:
         topic = TOPICS[i % len(TOPICS)]
         notes = " ".join(f"Note {k}: {topic} comes up in chapter {k}." for k in range(i % 7))
-        prompt = chat_token_ids(tokenizer, [{"role": "user", "content": f"{notes} What is {topic}?"}])
-        sampling = SamplingParams(temperature=0.0, max_tokens=6 + (i * 7) % 26,
-                                  stop_token_ids=stops if i % 3 == 0 else (), ignore_eos=i % 4 == 1)
-        out.append(GenerateRequest(f"r{i}", prompt, sampling))
-    return out
+        return f"{notes} What is {topic}?"
+
+    return chat_requests(smollm2_dir, [content(i) for i in range(NUM_REQUESTS)],
+                         lambda i, stops: mixed_stops(i, 6 + (i * 7) % 26, stops))
 
 
 @pytest.fixture(scope="module")
 def serial(worker, requests) -> Run:
-    reference = run(worker, requests, async_scheduling=False)
-    assert reference.num_preemptions == 0
-    return reference
+    return roomy_run(worker, requests)
 
 
 def test_async_gives_the_serial_loops_greedy_outputs_with_aborts_and_preemptions(worker, requests, serial):
@@ -54,10 +53,4 @@ def test_async_gives_the_serial_loops_greedy_outputs_with_aborts_and_preemptions
     assert FinishReason.STOP in serial.reasons.values() and FinishReason.LENGTH in serial.reasons.values()
     tiny = run(worker, requests, async_scheduling=True, num_blocks=TINY_POOL, aborts=ABORTS)
     assert tiny.num_preemptions > 0
-    for index, request in enumerate(requests):
-        req_id = request.req_id
-        if index in ABORTS:
-            assert tiny.reasons[req_id] is FinishReason.ABORT
-            assert tiny.tokens[req_id] == serial.tokens[req_id][:len(tiny.tokens[req_id])]
-        else:
-            assert (tiny.tokens[req_id], tiny.reasons[req_id]) == (serial.tokens[req_id], serial.reasons[req_id])
+    assert_same_outputs(tiny, serial, requests, ABORTS)

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
 from benchmarks.engine.workloads import TOPICS
-from pagedserve.llm import chat_token_ids
 from services.gpu_worker.worker import Worker
 from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from tests.unit.pagedserve.engine_runs import Run, exact_worker, run
+from tests.unit.pagedserve.engine_runs import Run, assert_same_outputs, chat_requests, exact_worker, mixed_stops, run
 
 NUM_REQUESTS = 24
 ABORTS = {3: 6, 10: 9, 17: 14}  # request index -> engine step at which it is aborted
@@ -31,21 +28,15 @@ def worker(smollm2_dir) -> Worker:
 def requests(smollm2_dir) -> list[GenerateRequest]:
     """Half ask to repeat a list from the prompt (drafts are accepted), half are open questions; a third stop on
     ',' or '.', a quarter ignore EOS; answers of 6 to 40 tokens."""
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    stops = tuple(tokenizer.convert_tokens_to_ids(t) for t in (",", "."))
-    out = []
-    for i in range(NUM_REQUESTS):
+    def content(i: int) -> str:
         topic = TOPICS[i % len(TOPICS)]
         if i % 2 == 0:
             items = "; ".join(f"{topic} item {k}" for k in range(2 + i % 5))
-            content = f"Repeat this list exactly, nothing else: {items}"
-        else:
-            content = f"What is {topic}?"
-        prompt = chat_token_ids(tokenizer, [{"role": "user", "content": content}])
-        sampling = SamplingParams(temperature=0.0, max_tokens=6 + (i * 7) % 35,
-                                  stop_token_ids=stops if i % 3 == 0 else (), ignore_eos=i % 4 == 1)
-        out.append(GenerateRequest(f"r{i}", prompt, sampling))
-    return out
+            return f"Repeat this list exactly, nothing else: {items}"
+        return f"What is {topic}?"
+
+    return chat_requests(smollm2_dir, [content(i) for i in range(NUM_REQUESTS)],
+                         lambda i, stops: mixed_stops(i, 6 + (i * 7) % 35, stops))
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +55,4 @@ def test_speculation_gives_the_plain_greedy_outputs(worker, requests, plain):
     assert counters.num_accepted_tokens > 20 and counters.num_draft_tokens > counters.num_accepted_tokens
     per_position = counters.num_accepted_per_position
     assert sum(per_position) == counters.num_accepted_tokens and per_position == sorted(per_position, reverse=True)
-    for index, request in enumerate(requests):
-        req_id = request.req_id
-        if index in ABORTS:
-            assert spec.reasons[req_id] is FinishReason.ABORT
-            assert spec.tokens[req_id] == plain.tokens[req_id][:len(spec.tokens[req_id])]
-        else:
-            assert (spec.tokens[req_id], spec.reasons[req_id]) == (plain.tokens[req_id], plain.reasons[req_id]), req_id
-            assert len(spec.tokens[req_id]) <= request.sampling.max_tokens
+    assert_same_outputs(spec, plain, requests, ABORTS)

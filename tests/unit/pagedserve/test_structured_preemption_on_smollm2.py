@@ -8,12 +8,11 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from pagedserve.llm import chat_token_ids
 from services.gpu_worker.worker import Worker
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.structured_output import StructuredOutput, StructuredOutputKind
-from tests.unit.pagedserve.engine_runs import Run, exact_worker, run
+from tests.unit.pagedserve.engine_runs import Run, chat_requests, exact_worker, roomy_run, run
 
 NUM_REQUESTS = 16
 TINY_POOL = 10  # blocks of 16 tokens: a fraction of what the 16 requests hold at once, so requests preempt
@@ -38,22 +37,15 @@ def worker(smollm2_dir) -> Worker:
 def requests(smollm2_dir) -> list[GenerateRequest]:
     """Each grammar kind in turn; every other request sampled with a seed (its draws depend only on the seed and
     its output index, so preemption must not change them either)."""
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    out = []
-    for i in range(NUM_REQUESTS):
-        city = CITIES[i % len(CITIES)]
-        prompt = chat_token_ids(tokenizer, [{"role": "user", "content": f"Describe {city} as JSON, please."}])
-        sampling = SamplingParams(temperature=0.0 if i % 2 == 0 else 0.8, seed=None if i % 2 == 0 else i,
-                                  max_tokens=70, structured_output=GRAMMARS[i % len(GRAMMARS)])
-        out.append(GenerateRequest(f"r{i}", prompt, sampling))
-    return out
+    contents = [f"Describe {CITIES[i % len(CITIES)]} as JSON, please." for i in range(NUM_REQUESTS)]
+    return chat_requests(smollm2_dir, contents, lambda i, _: SamplingParams(
+        temperature=0.0 if i % 2 == 0 else 0.8, seed=None if i % 2 == 0 else i, max_tokens=70,
+        structured_output=GRAMMARS[i % len(GRAMMARS)]))
 
 
 @pytest.fixture(scope="module")
 def reference(worker, requests) -> Run:
-    roomy = run(worker, requests, async_scheduling=False)
-    assert roomy.num_preemptions == 0
-    return roomy
+    return roomy_run(worker, requests)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["serial", "async"])

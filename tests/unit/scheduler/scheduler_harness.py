@@ -14,7 +14,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import ModelDescription, StepOutput
-from tests.unit.scheduler.fake_worker import FakeWorker, describe
+from tests.support.fake_worker import FakeWorker, describe
 
 
 def make_config(**overrides) -> SchedulerConfig:

@@ -16,7 +16,7 @@ from services.scheduler.admission import (
 )
 from services.scheduler.scheduler import Scheduler
 from shared.step_protocol import StepOutput
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import gen, make_config
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
 from services.scheduler.scheduler import SchedulerOutput
 from shared.request_io import RequestOutput
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 STEP_S = 0.1  # every simulated step takes this long

@@ -9,7 +9,7 @@ from __future__ import annotations
 from services.scheduler.request import RequestStatus
 from shared.request_io import FinishReason
 from shared.step_protocol import CachedRequest
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 EOS = 0

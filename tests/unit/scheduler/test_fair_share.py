@@ -11,7 +11,7 @@ from services.scheduler.fair_share import FairShare
 from services.scheduler.request import Request
 from services.scheduler.waiting_queue import WaitingQueue
 from shared.request_io import GenerateRequest
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, make_request, req_ids
 
 

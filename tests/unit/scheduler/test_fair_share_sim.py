@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 NUM_SEQS = 8

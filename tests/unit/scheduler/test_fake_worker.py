@@ -6,7 +6,7 @@ import pytest
 
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import CachedRequest, NewRequest, StepInput
-from tests.unit.scheduler.fake_worker import FakeWorker, FakeWorkerError, describe
+from tests.support.fake_worker import FakeWorker, FakeWorkerError, describe
 
 PARAMS = SamplingParams(max_tokens=8)
 

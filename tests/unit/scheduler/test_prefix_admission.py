@@ -11,7 +11,7 @@ import pytest
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.prefix_cache import InFlightKeys
 from shared.request_io import FinishReason
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, make_request, req_ids
 
 PREFIX = list(range(1, 25))  # 6 blocks of 4 tokens

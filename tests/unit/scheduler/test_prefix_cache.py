@@ -6,7 +6,7 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.block_hashes import ROOT_KEY, block_key, extend_block_keys
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, admit, compute, gen, make_request
 
 BS = 4

@@ -15,7 +15,7 @@ import pytest
 from services.scheduler.request import RequestStatus
 from services.scheduler.scheduler import RequestRejected
 from shared.request_io import FinishReason, GenerateRequest
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]  # 7 tokens: the resumed outputs start mid-block (blocks of 4)

@@ -12,7 +12,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import CachedRequest, NewRequest
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, req_ids
 
 # --- token budget and chunking -----------------------------------------------------------------------------

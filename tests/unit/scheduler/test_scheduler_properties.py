@@ -21,7 +21,7 @@ from services.scheduler.scheduler import RequestRejected, SchedulerOutput
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
 from shared.step_protocol import StepOutput
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen
 
 EOS = 0

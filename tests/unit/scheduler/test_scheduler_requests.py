@@ -10,7 +10,7 @@ import pytest
 from services.scheduler.scheduler import RequestRejected
 from shared.request_io import FinishReason
 from shared.step_protocol import FailedRequest
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, req_ids
 
 # --- stop conditions ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 from services.scheduler.scheduler import Scheduler
 from shared.request_io import FinishReason
 from shared.step_protocol import StepOutput
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import gen, make_config
 
 SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 2,

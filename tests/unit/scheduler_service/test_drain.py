@@ -12,17 +12,17 @@ import pytest
 from services.grpc_errors import ServiceNotReady
 from services.launcher import stop_timeouts
 from services.scheduler.drain import drain
-from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.integrity import check_integrity
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.redis_state import NullStateWriter
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.scheduler_config import SchedulerConfig
 from services.serve_config import parse_serve_config
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
+from tests.support.waiting import wait_for_async
+from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine
 
 
 def request(req_id: str, max_tokens: int) -> GenerateRequest:
@@ -32,22 +32,8 @@ def request(req_id: str, max_tokens: int) -> GenerateRequest:
 @contextlib.asynccontextmanager
 async def running(step_delay_s: float):
     readiness = Readiness()
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(step_delay_s), NullStateWriter(),
-                      readiness=readiness)
-    task = asyncio.create_task(loop.run())
-    try:
+    async with running_engine(FakeWorkerClient(step_delay_s), readiness=readiness) as loop:
         yield loop, readiness
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def items(queue: asyncio.Queue) -> list:
-    got = []
-    while not got or not (isinstance(got[-1], Exception) or got[-1].finished):
-        got.append(await asyncio.wait_for(queue.get(), 10))
-    return got
 
 
 @pytest.mark.asyncio
@@ -60,7 +46,7 @@ async def test_a_drain_refuses_new_requests_and_lets_the_live_ones_finish():
         with pytest.raises(ServiceNotReady, match="draining") as refused:
             loop.add_request(request("late", max_tokens=2))
         assert refused.value.retry_after_s >= 1
-        results = [await items(queue) for queue in queues]
+        results = [await outputs_of(queue) for queue in queues]
         assert await draining == 0
     assert [r[-1].finish_reason for r in results] == [FinishReason.LENGTH] * 8
     assert [r[-1].num_output_tokens for r in results] == [20 + i for i in range(8)]
@@ -71,7 +57,7 @@ async def test_what_outlives_the_drain_timeout_fails_with_an_error():
     async with running(step_delay_s=0.01) as (loop, readiness):
         queue = loop.add_request(request("endless", max_tokens=100))
         assert await drain(loop, readiness, timeout_s=0.2) == 1
-        got = await items(queue)
+        got = await outputs_of(queue)
         assert isinstance(got[-1], ServiceNotReady) and "drain timeout" in str(got[-1])
         assert loop.num_live_requests == 0 and loop.scheduler.kv.usage == 0.0
 
@@ -97,13 +83,11 @@ async def test_a_drain_hands_off_what_would_outlive_it_before_its_timeout_and_fr
         await asyncio.sleep(0)
         with pytest.raises(ServiceNotReady, match="draining"):
             loop.add_request(request("late", max_tokens=2))
-        results = [await items(queue) for queue in queues]
+        results = [await outputs_of(queue) for queue in queues]
         assert await asyncio.wait_for(draining, 30) == 0
         loop.worker.step_delay_s = 0.01
-        for _ in range(1000):  # the engine tells the worker to drop the mirrors with its next step
-            if not loop.worker.mirrors:
-                break
-            await asyncio.sleep(0.01)
+        # the engine tells the worker to drop the mirrors with its next step
+        await wait_for_async(lambda: not loop.worker.mirrors, what="the worker's mirrors dropped")
         report = check_integrity(loop.scheduler, loop.live_req_ids)
         assert loop.worker.mirrors == {}
     results[0].insert(0, first)
@@ -122,7 +106,7 @@ async def test_a_hand_off_margin_past_the_drain_timeout_hands_off_at_once():
     async with running(step_delay_s=0.01) as (loop, readiness):
         queue = loop.add_request(request("r", max_tokens=40))
         assert await asyncio.wait_for(drain(loop, readiness, timeout_s=1, handoff_margin_s=5), 30) == 0
-        got = await items(queue)
+        got = await outputs_of(queue)
     assert got[-1].finish_reason is FinishReason.HANDOFF and loop.scheduler.kv.usage == 0.0
 
 

@@ -8,13 +8,13 @@ import contextlib
 import pytest
 
 from services.grpc_errors import WorkerUnavailable
-from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import RequestRejected, Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from services.scheduler.scheduler import RequestRejected
+from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN, FakeWorkerClient
+from tests.support.fake_worker_client import SAMPLED_TOKEN, FakeWorkerClient
+from tests.support.waiting import wait_for_async
+from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine
 
 
 class RecordingState(NullStateWriter):
@@ -44,29 +44,16 @@ def async_scheduling(request) -> bool:
 @contextlib.asynccontextmanager
 async def running_loop(worker: FakeWorkerClient, async_scheduling: bool, **options):
     state = RecordingState()
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, state, async_scheduling=async_scheduling,
-                      **options)
-    task = asyncio.create_task(loop.run())
-    try:
+    async with running_engine(worker, state, async_scheduling=async_scheduling, **options) as loop:
         yield loop, state
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
-
-async def drain(queue: asyncio.Queue) -> list[RequestOutput]:
-    outputs = []
-    while not outputs or not outputs[-1].finished:
-        outputs.append(await asyncio.wait_for(queue.get(), 5))
-    return outputs
 
 
 @pytest.mark.asyncio
 async def test_concurrent_requests_stream_until_finished_and_free_their_blocks(async_scheduling):
     async with running_loop(FakeWorkerClient(), async_scheduling) as (loop, state):
         queues = [loop.add_request(request(f"r{i}", max_tokens=2 + i)) for i in range(3)]
-        results = [await drain(q) for q in queues]
+        results = [await outputs_of(q) for q in queues]
     for i, outputs in enumerate(results):
         assert [t for o in outputs for t in o.new_token_ids] == [SAMPLED_TOKEN] * (2 + i)
         assert outputs[-1].finish_reason is FinishReason.LENGTH and outputs[-1].num_output_tokens == 2 + i
@@ -85,11 +72,7 @@ async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror(async_
         loop.abort_request("long")
         assert loop.scheduler.kv.usage == 0.0 and not loop.scheduler.has_unfinished_requests()
         loop.scheduler.kv.check_integrity()
-        for _ in range(100):
-            if "long" not in worker.mirrors:
-                break
-            await asyncio.sleep(0.01)
-    assert "long" not in worker.mirrors
+        await wait_for_async(lambda: "long" not in worker.mirrors, what="the worker dropped the aborted request")
     assert any("long" in step.finished_req_ids for step in worker.steps)
     assert state.events[-1] == ("finished", "long", "abort")
 
@@ -97,11 +80,11 @@ async def test_abort_frees_blocks_at_once_and_the_worker_drops_the_mirror(async_
 @pytest.mark.asyncio
 async def test_idle_loop_sleeps_and_wakes_on_a_new_request(async_scheduling):
     async with running_loop(FakeWorkerClient(), async_scheduling) as (loop, _):
-        await drain(loop.add_request(request("a")))
+        await outputs_of(loop.add_request(request("a")))
         num_steps = loop.num_steps
         await asyncio.sleep(0.1)
         assert loop.num_steps == num_steps  # no busy stepping while idle
-        await drain(loop.add_request(request("b")))
+        await outputs_of(loop.add_request(request("b")))
         assert loop.num_steps > num_steps
 
 
@@ -121,12 +104,9 @@ async def test_lost_worker_fails_live_requests_then_serves_again(async_schedulin
         queue = loop.add_request(request("doomed"))
         error = await asyncio.wait_for(queue.get(), 5)
         assert isinstance(error, WorkerUnavailable) and "UNAVAILABLE" in str(error)
-        for _ in range(100):
-            if loop.ready:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: loop.ready, what="the loop ready again")
         assert worker.num_describes == 1 and loop.scheduler.kv.usage == 0.0
-        outputs = await drain(loop.add_request(request("after")))
+        outputs = await outputs_of(loop.add_request(request("after")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
@@ -175,7 +155,7 @@ async def test_worker_times_are_summed_and_its_wait_only_between_back_to_back_st
     """The first step after the loop waited for work reports the worker's whole wait: no round trip of a step."""
     async with running_loop(TimedWorker(), async_scheduling) as (loop, _):
         for name in ("a", "b"):  # each after an idle loop: a prompt step, two decodes, then its mirror's drop
-            await drain(loop.add_request(request(name, max_tokens=3)))
+            await outputs_of(loop.add_request(request(name, max_tokens=3)))
             await asyncio.sleep(0.05)
         stats = loop.scheduler.snapshot_stats()
     assert loop.num_steps == 8 and [len(s.num_scheduled_tokens) for s in loop.worker.steps] == [1, 1, 1, 0] * 2
@@ -188,11 +168,9 @@ async def test_async_scheduling_keeps_a_step_queued_behind_the_running_one(async
     after its last one computes a token that is dropped)."""
     worker = FakeWorkerClient(step_delay_s=0.005)
     async with running_loop(worker, async_scheduling) as (loop, _):
-        outputs = await drain(loop.add_request(request("a", max_tokens=5)))
-        for _ in range(100):
-            if not loop.scheduler.finished_req_ids and not worker.mirrors:
-                break
-            await asyncio.sleep(0.01)
+        outputs = await outputs_of(loop.add_request(request("a", max_tokens=5)))
+        await wait_for_async(lambda: not loop.scheduler.finished_req_ids and not worker.mirrors,
+                             what="the finished request dropped by the worker")
     assert worker.max_pending == (2 if async_scheduling else 1)
     assert [t for o in outputs for t in o.new_token_ids] == [SAMPLED_TOKEN] * 5
     assert outputs[-1].finish_reason is FinishReason.LENGTH and worker.mirrors == {}

@@ -10,8 +10,10 @@ from services.scheduler.scheduler import RequestRejected
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.structured_output import StructuredOutput, StructuredOutputKind
-from tests.unit.scheduler_service.fake_worker import FakeWorkerClient
-from tests.unit.scheduler_service.test_engine_loop import drain, request, running_loop
+from tests.support.fake_worker_client import FakeWorkerClient
+from tests.support.waiting import wait_for_async
+from tests.unit.scheduler_service.engine_harness import outputs_of
+from tests.unit.scheduler_service.test_engine_loop import request, running_loop
 
 
 def constrained(req_id: str, spec: str = "(yes|no)") -> GenerateRequest:
@@ -31,11 +33,11 @@ async def test_a_slow_compile_holds_back_only_its_request(async_scheduling: bool
     async with running_loop(worker, async_scheduling) as (loop, _):
         slow = loop.add_request(constrained("slow"))
         free = loop.add_request(request("free", max_tokens=5))
-        assert (await drain(free))[-1].num_output_tokens == 5  # streamed to the end while the compile ran
+        assert (await outputs_of(free))[-1].num_output_tokens == 5  # streamed to the end while the compile ran
         assert "slow" not in scheduled_ids(worker) and slow.empty()
         assert loop.scheduler.snapshot_stats().num_waiting == 1  # counted as waiting
         worker.grammar_gate.set()
-        assert (await drain(slow))[-1].num_output_tokens == 2
+        assert (await outputs_of(slow))[-1].num_output_tokens == 2
     assert worker.prepared_grammars == ["(yes|no)"]
     loop.scheduler.kv.check_integrity()
 
@@ -47,12 +49,12 @@ async def test_one_compile_call_per_grammar(async_scheduling: bool):
     worker.grammar_gate = asyncio.Event()
     async with running_loop(worker, async_scheduling) as (loop, _):
         queues = [loop.add_request(constrained(f"r{i}")) for i in range(3)]
-        await asyncio.sleep(0.05)
+        await wait_for_async(lambda: worker.prepared_grammars, what="a compile under way")
         worker.grammar_gate.set()
         for queue in queues:
-            await drain(queue)
-        await drain(loop.add_request(constrained("later")))  # known to the worker: no call
-        await drain(loop.add_request(constrained("other", spec="(a|b)")))
+            await outputs_of(queue)
+        await outputs_of(loop.add_request(constrained("later")))  # known to the worker: no call
+        await outputs_of(loop.add_request(constrained("other", spec="(a|b)")))
     assert worker.prepared_grammars == ["(yes|no)", "(a|b)"]
 
 
@@ -65,7 +67,7 @@ async def test_a_refused_grammar_fails_its_request_only(async_scheduling: bool):
         bad = loop.add_request(constrained("bad", spec="a(b"))
         error = await asyncio.wait_for(bad.get(), 5)
         assert isinstance(error, RequestRejected) and "cannot be compiled" in str(error)
-        assert (await drain(loop.add_request(request("fine"))))[-1].finished
+        assert (await outputs_of(loop.add_request(request("fine"))))[-1].finished
         assert not loop.scheduler.has_unfinished_requests() and loop.num_live_requests == 0
     assert "bad" not in scheduled_ids(worker)
 
@@ -77,10 +79,10 @@ async def test_a_request_aborted_while_compiling_never_runs(async_scheduling: bo
     worker.grammar_gate = asyncio.Event()
     async with running_loop(worker, async_scheduling) as (loop, _):
         loop.add_request(constrained("gone"))
-        await asyncio.sleep(0.01)
+        await wait_for_async(lambda: worker.prepared_grammars, what="its compile under way")
         loop.abort_request("gone")
         assert not loop.scheduler.has_unfinished_requests()
         worker.grammar_gate.set()
-        await drain(loop.add_request(request("after")))
+        await outputs_of(loop.add_request(request("after")))
     assert "gone" not in scheduled_ids(worker)
     loop.scheduler.kv.check_integrity()

@@ -23,8 +23,9 @@ from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import StepInput
 from shared.structured_output import StructuredOutput, StructuredOutputKind
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
-from tests.unit.scheduler_service.test_engine_loop import drain, request
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
+from tests.unit.scheduler_service.engine_harness import outputs_of
+from tests.unit.scheduler_service.test_engine_loop import request
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -34,7 +35,7 @@ LEAK_UNDER_O = textwrap.dedent("""
     from services.scheduler.scheduler_config import SchedulerConfig
     from shared.request_io import GenerateRequest
     from shared.sampling_params import SamplingParams
-    from tests.unit.scheduler_service.fake_worker import DESCRIPTION
+    from tests.support.fake_worker_client import DESCRIPTION
 
     if __debug__:
         raise SystemExit("not running under python -O")
@@ -87,10 +88,10 @@ async def test_debug_mode_checks_at_every_idle_and_stops_the_loop_on_a_leak():
                       async_scheduling=True, check_integrity_when_idle=True)
     run = asyncio.create_task(loop.run())
     try:
-        await drain(loop.add_request(request("a")))  # idles after it: the check passes
+        await outputs_of(loop.add_request(request("a")))  # idles after it: the check passes
         assert not run.done()
         loop.scheduler.kv.blocks_of["gone"] = []  # a finished request still listed as a block holder
-        await drain(loop.add_request(request("b")))
+        await outputs_of(loop.add_request(request("b")))
         with pytest.raises(InvariantViolated, match="finished requests hold blocks: {'gone'}"):
             await asyncio.wait_for(run, 5)
     finally:

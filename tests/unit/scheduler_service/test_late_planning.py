@@ -14,8 +14,10 @@ import pytest
 import services.scheduler.engine_loop as engine_loop
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import FakeWorkerClient
-from tests.unit.scheduler_service.test_engine_loop import drain, request, running_loop
+from tests.support.fake_worker_client import FakeWorkerClient
+from tests.support.waiting import wait_for_async
+from tests.unit.scheduler_service.engine_harness import outputs_of
+from tests.unit.scheduler_service.test_engine_loop import request, running_loop
 
 STEP_S = 0.05
 
@@ -60,9 +62,8 @@ async def running(late_planning: bool, worker: TimedWorker | None = None):
 async def next_step_start(worker: TimedWorker) -> int:
     """Wait until the worker starts another step; its 1-based index."""
     count = len(worker.steps)
-    while len(worker.steps) == count:
-        await asyncio.sleep(0.001)
-    return len(worker.steps)
+    return await wait_for_async(lambda: len(worker.steps) if len(worker.steps) > count else 0, interval_s=0.001,
+                                what="another step started")
 
 
 @pytest.mark.asyncio
@@ -73,10 +74,10 @@ async def test_an_arrival_during_a_step_joins_the_next_one_when_planned_late(lat
         for _ in range(4):  # the step time is measured
             await next_step_start(worker)
         running_step = await next_step_start(worker)
-        await drain(loop.add_request(request("new", max_tokens=2)))
+        await outputs_of(loop.add_request(request("new", max_tokens=2)))
         first = next(i for i, step in enumerate(worker.steps, 1) if any(r.req_id == "new" for r in step.new_requests))
         assert first - running_step == steps_later
-        await drain(long)
+        await outputs_of(long)
 
 
 @pytest.mark.asyncio
@@ -84,7 +85,7 @@ async def test_steps_queue_a_whole_step_ahead_once_arrivals_stop(monkeypatch):
     monkeypatch.setattr(engine_loop, "ARRIVALS_WINDOW_S", 0.3)  # about 6 steps
     async with running(late_planning=True) as (loop, worker):
         long = loop.add_request(request("long", max_tokens=20))
-        await drain(long)
+        await outputs_of(long)
     window = next(i for i, start in enumerate(worker.started) if start - worker.started[0] > 0.3)
     assert worker.queued_s(2, window - 1) < 0.6 * STEP_S  # planned late: queued for the lead only
     assert worker.queued_s(window + 1, len(worker.started)) > 0.8 * STEP_S  # queued as the one before started
@@ -102,7 +103,7 @@ async def test_an_arrival_during_a_long_prompt_step_joins_the_next_one():
         long = loop.add_request(request("long", max_tokens=60))
         for i in range(3):  # decode steps and prompt steps: the model learns what a token costs
             await next_step_start(worker)
-            await drain(loop.add_request(prompt_request(f"warm-{i}", i)))
+            await outputs_of(loop.add_request(prompt_request(f"warm-{i}", i)))
         for _ in range(3):
             await next_step_start(worker)
         prompt = loop.add_request(prompt_request("prompt", 99))
@@ -110,8 +111,8 @@ async def test_an_arrival_during_a_long_prompt_step_joins_the_next_one():
             await next_step_start(worker)
         prompt_step = len(worker.steps)
         await asyncio.sleep(0.06)  # well inside the 170 ms step, beyond an average step's end
-        await drain(loop.add_request(request("new", max_tokens=2)))
+        await outputs_of(loop.add_request(request("new", max_tokens=2)))
         first = next(i for i, step in enumerate(worker.steps, 1) if any(r.req_id == "new" for r in step.new_requests))
         assert first - prompt_step == 1
-        await drain(prompt)
-        await drain(long)
+        await outputs_of(prompt)
+        await outputs_of(long)

@@ -15,7 +15,7 @@ from services.scheduler.scheduler import Scheduler
 from services.scheduler.scheduler_config import SchedulerConfig
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 
 
 @pytest.mark.asyncio

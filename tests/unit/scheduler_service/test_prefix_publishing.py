@@ -15,7 +15,8 @@ from services.scheduler.prefix_publisher import PrefixPublisher
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent, prefix_blocks_key, prefix_events_key
 from tests.integration.processes import RedisServer
-from tests.unit.scheduler.fake_worker import describe
+from tests.support.fake_worker import describe
+from tests.support.waiting import wait_for_async
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 
 INSTANCE = "publish-test"
@@ -41,10 +42,7 @@ async def published_equals_cache(client, index: PrefixIndex) -> None:
     async def equal() -> bool:
         return await client.smembers(prefix_blocks_key(INSTANCE)) == expected
 
-    deadline_s = asyncio.get_running_loop().time() + 30
-    while not await equal():
-        assert asyncio.get_running_loop().time() < deadline_s, "the published set never matched the cache"
-        await asyncio.sleep(0.02)
+    await wait_for_async(equal, timeout_s=30, interval_s=0.02, what="the published set equal to the cache")
 
 
 @pytest.mark.asyncio

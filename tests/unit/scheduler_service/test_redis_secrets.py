@@ -3,18 +3,16 @@ the scheduler at start with exit code 2 and a line naming the flag."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import subprocess
 import sys
 
 import pytest
 
-from services.ports import free_port
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
-from tests.integration.processes import REPO, wait_for
+from tests.integration.processes import REPO, RedisServer
+from tests.support.tasks import run_until
 
 PASSWORD = "hunter2-redis-secret"
 
@@ -22,51 +20,43 @@ PASSWORD = "hunter2-redis-secret"
 @pytest.fixture
 def redis_with_password(tmp_path):
     """A redis-server that requires PASSWORD (a real one: auth failures come from the server)."""
-    port = free_port()
-    process = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--requirepass", PASSWORD],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = RedisServer(tmp_path / "redis.log", password=PASSWORD)
+    server.start()
     try:
-        import redis
-
-        def answers() -> bool:
-            try:
-                return redis.Redis(port=port, password=PASSWORD, socket_timeout=1).ping()
-            except redis.RedisError:
-                return False
-
-        wait_for(answers, 10, what="redis-server answering")
-        yield port
+        yield server.port
     finally:
-        process.kill()
-        process.wait()
+        server.kill()
+
+
+async def first_attempt(client):
+    """Run a Redis client's loop until it connected or logged an outage; the client."""
+    await run_until(client.run(), lambda: client.connected or client._outage_logged, what="a connection or an outage")
+    return client
+
+
+async def wrong_then_right(attempt, port: int, caplog, logger: str) -> tuple[str, str]:
+    """`attempt` with a wrong password, then the right one: the first logged warning and info line. Neither
+    attempt may log the password."""
+    caplog.set_level(logging.INFO, logger=logger)
+    wrong = await attempt(f"redis://:wrong-{PASSWORD}@127.0.0.1:{port}/0")
+    right = await attempt(f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
+    assert not wrong.connected and right.connected
+    assert PASSWORD not in caplog.text
+    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+    return warning, next(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
 async def _flush_once(url: str) -> RedisStateWriter:
     config = RedisStateConfig(redis_url=url, redis_flush_interval_s=0.01, redis_stats_interval_s=0.01,
                               redis_timeout_s=1.0)
-    writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, PrefixIndex)
-    task = asyncio.create_task(writer.run())
-    try:
-        await asyncio.sleep(0.3)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    return writer
+    return await first_attempt(RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, PrefixIndex))
 
 
 @pytest.mark.asyncio
 async def test_auth_failure_and_recovery_logs_mask_the_password(redis_with_password, caplog):
-    caplog.set_level(logging.INFO, logger="services.scheduler.redis_state")
-    wrong = await _flush_once(f"redis://:wrong-{PASSWORD}@127.0.0.1:{redis_with_password}/0")
-    right = await _flush_once(f"redis://:{PASSWORD}@127.0.0.1:{redis_with_password}/0")
-    assert not wrong.connected and right.connected
-    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    info = next(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    warning, info = await wrong_then_right(_flush_once, redis_with_password, caplog, "services.scheduler.redis_state")
     assert f"redis://:***@127.0.0.1:{redis_with_password}/0 unavailable" in warning
     assert f"writes to redis://:***@127.0.0.1:{redis_with_password}/0" in info
-    assert PASSWORD not in caplog.text
 
 
 @pytest.mark.parametrize("argv", [

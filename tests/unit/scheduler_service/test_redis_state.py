@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import random
 import socket
 
@@ -12,6 +10,8 @@ import pytest
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import RedisServer
+from tests.support.tasks import cancelled_after, running
+from tests.support.waiting import wait_for_async
 
 
 def closed_port() -> int:
@@ -27,18 +27,13 @@ async def test_unreachable_redis_drops_counts_and_keeps_going():
     index = PrefixIndex()
     index.insert(b"\x01\x02", 0)
     writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: index)
-    task = asyncio.create_task(writer.run())
-    try:
+    async with running(writer.run()) as task:
         for i in range(5):
             writer.request_arrived(f"r{i}", 3, 0.0)
             writer.request_finished(f"r{i}", "stop", 1, 0)
-        await asyncio.sleep(0.3)
+        await wait_for_async(lambda: writer.num_dropped >= 10 or task.done(), what="the writes dropped")
         assert not task.done(), "the writer must survive Redis being down"
-        assert writer.num_dropped >= 10 and writer.num_writes == 0 and not writer.connected
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        assert writer.num_writes == 0 and not writer.connected
 
 
 @pytest.mark.asyncio
@@ -50,11 +45,7 @@ async def test_a_cancelled_writer_always_stops():
         config = RedisStateConfig(redis_url=f"redis://127.0.0.1:{closed_port()}/0", redis_flush_interval_s=0.001,
                                   redis_stats_interval_s=0.01, redis_timeout_s=0.2)
         writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, PrefixIndex)
-        task = asyncio.create_task(writer.run())
-        await asyncio.sleep(rng.uniform(0.0, 0.02))
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=2.0)
-        assert done, f"attempt {attempt}: the writer ignored its cancellation"
+        task = await cancelled_after(writer.run(), rng.uniform(0.0, 0.02))
         assert task.cancelled(), f"attempt {attempt}: the writer ended otherwise: {task.exception()!r}"
 
 
@@ -68,16 +59,12 @@ async def test_a_cancelled_writer_stops_while_redis_answers_too(tmp_path):
     config = RedisStateConfig(redis_url=server.url, redis_flush_interval_s=0.005, redis_stats_interval_s=0.01,
                               redis_prefix_sync_interval_s=0.005)
     try:
-        for attempt in range(60):
+        for _ in range(60):
             index = PrefixIndex()
             writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.1}, lambda index=index: index)
-            task = asyncio.create_task(writer.run())
-            for block_id in range(20):
+            for block_id in range(20):  # published once the writer runs
                 index.insert(rng.randbytes(16), block_id)
-            await asyncio.sleep(rng.uniform(0.0, 0.2))
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=2.0)
-            assert done, f"attempt {attempt}: the writer ignored its cancellation"
+            await cancelled_after(writer.run(), rng.uniform(0.0, 0.2))
     finally:
         server.kill()
 
@@ -98,21 +85,15 @@ async def test_a_write_made_while_backing_off_lands_when_redis_returns(tmp_path)
     config = RedisStateConfig(redis_url=server.url, redis_flush_interval_s=0.01, redis_stats_interval_s=60,
                               redis_timeout_s=0.2)
     writer = RedisStateWriter(config, "unit", lambda: {"kv_usage": 0.0}, lambda: PrefixIndex())
-    task = asyncio.create_task(writer.run())
     try:
-        writer.request_arrived("early", 3, 0.0)
-        while writer._backoff.failures < 3:  # backing off, each wait longer
-            await asyncio.sleep(0.01)
-        server.start()
-        writer.request_arrived("during-wait", 3, 0.0)  # made inside the current wait
-        writer.request_finished("during-wait", "stop", 1, 0)
-        deadline = asyncio.get_running_loop().time() + 5
-        while writer.num_writes == 0 and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.02)
-        fields = server.client().hgetall(f"{writer.prefix}request:during-wait")
-        assert fields.get("status") == "finished", fields
+        async with running(writer.run()):
+            writer.request_arrived("early", 3, 0.0)
+            await wait_for_async(lambda: writer._backoff.failures >= 3, what="backing off, each wait longer")
+            server.start()
+            writer.request_arrived("during-wait", 3, 0.0)  # made inside the current wait
+            writer.request_finished("during-wait", "stop", 1, 0)
+            await wait_for_async(lambda: writer.num_writes > 0, what="a write once Redis is back")
+            fields = server.client().hgetall(f"{writer.prefix}request:during-wait")
+            assert fields.get("status") == "finished", fields
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         server.kill()

@@ -22,7 +22,7 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.service import SchedulerServicer
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.unit.scheduler_service.test_service import Aborted, FakeContext
 
 SMALL_POOL = DESCRIPTION.__class__(**{**DESCRIPTION.__dict__, "num_kv_blocks": 4})  # 16 tokens: forces preemption

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import grpc
 import pytest
@@ -16,7 +15,8 @@ from services.scheduler.scheduler_config import SchedulerConfig
 from services.scheduler.service import SchedulerServicer
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, FakeWorkerClient
+from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
+from tests.support.tasks import running
 
 
 class Aborted(Exception):
@@ -45,8 +45,7 @@ async def test_duplicate_id_is_rejected_without_aborting_the_live_request():
     servicer = SchedulerServicer()
     servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(step_delay_s=0.005),
                                  servicer.state)
-    loop_task = asyncio.create_task(servicer.engine.run())
-    try:
+    async with running(servicer.engine.run()):
         stream = servicer.Generate(generate_pb("dup", max_tokens=20), FakeContext())
         first = await stream.__anext__()
         context = FakeContext()
@@ -62,10 +61,6 @@ async def test_duplicate_id_is_rejected_without_aborting_the_live_request():
         assert sum(len(c.token_ids) for c in chunks) == 20
         stats = servicer.stats()
         assert (stats.num_running, stats.kv_usage, stats.num_finished) == (0, 0.0, {"length": 1})
-    finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
 
 
 @pytest.mark.asyncio
@@ -95,8 +90,7 @@ async def test_identify_answers_before_the_worker_is_ready():
 async def test_integrity_report_counts_every_block_and_names_a_leak():
     servicer = SchedulerServicer()
     servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
-    loop_task = asyncio.create_task(servicer.engine.run())
-    try:
+    async with running(servicer.engine.run()):
         request = generate_request_to_pb(GenerateRequest("r", list(range(1, 10)), SamplingParams(max_tokens=2)))
         chunks = [chunk async for chunk in servicer.Generate(request, FakeContext())]
         assert chunks[-1].finish_reason == scheduler_pb2.FINISH_REASON_LENGTH
@@ -107,18 +101,13 @@ async def test_integrity_report_counts_every_block_and_names_a_leak():
         servicer.engine.scheduler.kv.blocks_of["gone"] = []  # a finished request still listed as a block holder
         report = await servicer.CheckIntegrity(scheduler_pb2.CheckIntegrityRequest(), FakeContext())
         assert not report.ok and "finished requests hold blocks: {'gone'}" in report.problem
-    finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task
 
 
 @pytest.mark.asyncio
 async def test_a_continuation_streams_only_new_tokens_and_one_with_nothing_left_is_invalid():
     servicer = SchedulerServicer()
     servicer.engine = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), FakeWorkerClient(), servicer.state)
-    loop_task = asyncio.create_task(servicer.engine.run())
-    try:
+    async with running(servicer.engine.run()):
         resumed = generate_pb("r", max_tokens=10)
         resumed.resumed_output_token_ids.extend([9, 8, 7, 6])
         chunks = [chunk async for chunk in servicer.Generate(resumed, FakeContext())]
@@ -135,7 +124,3 @@ async def test_a_continuation_streams_only_new_tokens_and_one_with_nothing_left_
         assert context.aborted[0] is grpc.StatusCode.INVALID_ARGUMENT
         assert "resumed_output_token_ids has 4 tokens but max_tokens is 4" in context.aborted[1]
         assert servicer.engine.num_live_requests == 0 and servicer.stats().kv_usage == 0.0
-    finally:
-        loop_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await loop_task

@@ -25,7 +25,9 @@ from services.scheduler.worker_client import WorkerClient
 from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import StepOutput
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN
+from tests.support.fake_worker_client import DESCRIPTION, SAMPLED_TOKEN
+from tests.support.tasks import running
+from tests.support.waiting import wait_for_async
 
 
 class DeadlockingWorker(worker_pb2_grpc.WorkerServiceServicer):
@@ -77,22 +79,16 @@ async def test_a_step_past_its_deadline_fails_its_requests_and_the_scheduler_rec
         # prompts of one token: every step samples, so the request finishes after max_tokens steps
         scheduler = Scheduler(SchedulerConfig(), dataclasses.replace(DESCRIPTION, max_model_len=64))
         loop = EngineLoop(scheduler, client, NullStateWriter())
-        task = asyncio.create_task(loop.run())
         try:
-            servicer.stuck = True
-            queue = loop.add_request(GenerateRequest("stuck", [5], SamplingParams(max_tokens=3)))
-            error = await asyncio.wait_for(queue.get(), 10)
-            assert isinstance(error, WorkerUnavailable) and "DEADLINE_EXCEEDED" in str(error)
-            servicer.stuck = False
-            for _ in range(500):
-                if loop.ready:
-                    break
-                await asyncio.sleep(0.01)
-            queue = loop.add_request(GenerateRequest("after", [6], SamplingParams(max_tokens=3)))
-            outputs = [await asyncio.wait_for(queue.get(), 10) for _ in range(3)]
-            assert outputs[-1].finish_reason is FinishReason.LENGTH
+            async with running(loop.run()):
+                servicer.stuck = True
+                queue = loop.add_request(GenerateRequest("stuck", [5], SamplingParams(max_tokens=3)))
+                error = await asyncio.wait_for(queue.get(), 10)
+                assert isinstance(error, WorkerUnavailable) and "DEADLINE_EXCEEDED" in str(error)
+                servicer.stuck = False
+                await wait_for_async(lambda: loop.ready, what="the loop ready again")
+                queue = loop.add_request(GenerateRequest("after", [6], SamplingParams(max_tokens=3)))
+                outputs = [await asyncio.wait_for(queue.get(), 10) for _ in range(3)]
+                assert outputs[-1].finish_reason is FinishReason.LENGTH
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await client.close()

@@ -9,16 +9,15 @@ import time
 import pytest
 
 from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
-from services.scheduler.engine_loop import EngineLoop
 from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import RequestRejected, Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
+from services.scheduler.scheduler import RequestRejected
 from services.scheduler.worker_monitor import WorkerMonitor, WorkerProbe, WorkerStatus
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from shared.request_io import FinishReason, GenerateRequest
 from shared.sampling_params import SamplingParams
 from shared.step_protocol import FailedRequest
-from tests.unit.scheduler_service.fake_worker import DESCRIPTION, SAMPLED_TOKEN, FakeWorkerClient
+from tests.support.fake_worker_client import SAMPLED_TOKEN, FakeWorkerClient
+from tests.support.waiting import wait_for_async
+from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine
 
 PROMPT = list(range(10, 22))  # three full blocks of 4
 
@@ -29,30 +28,9 @@ def request(req_id: str, max_tokens: int = 3, prompt: list[int] = PROMPT) -> Gen
 
 @contextlib.asynccontextmanager
 async def running(worker: FakeWorkerClient):
-    loop = EngineLoop(Scheduler(SchedulerConfig(), DESCRIPTION), worker, NullStateWriter(), readiness=Readiness())
-    monitor = WorkerMonitor(worker, loop, interval_s=60, timeout_s=1)  # probed by hand
-    task = asyncio.create_task(loop.run())
-    try:
-        yield loop, monitor
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    async with running_engine(worker, readiness=Readiness()) as loop:
+        yield loop, WorkerMonitor(worker, loop, interval_s=60, timeout_s=1)  # probed by hand
 
-
-async def drain(queue: asyncio.Queue) -> list[RequestOutput | Exception]:
-    items = []
-    while not items or not (isinstance(items[-1], Exception) or items[-1].finished):
-        items.append(await asyncio.wait_for(queue.get(), 5))
-    return items
-
-
-async def until(condition, what: str) -> None:
-    for _ in range(500):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what} did not happen")
 
 
 @pytest.mark.asyncio
@@ -63,11 +41,11 @@ async def test_a_restart_mid_stream_fails_it_and_the_new_pool_is_used_from_then_
         first = await asyncio.wait_for(queue.get(), 5)
         assert first.new_token_ids == [SAMPLED_TOKEN]
         worker.restart(num_kv_blocks=4)  # fewer blocks than the old pool: old ids would lie past it
-        items = await drain(queue)
+        items = await outputs_of(queue)
         assert isinstance(items[-1], WorkerUnavailable) and "restarted" in str(items[-1])
-        await until(lambda: loop.ready, "recovery")
+        await wait_for_async(lambda: loop.ready, what="recovery")
         assert loop.scheduler.description == worker.description and loop.scheduler.kv.pool.num_blocks == 4
-        outputs = await drain(loop.add_request(request("after", prompt=[1, 2, 3])))
+        outputs = await outputs_of(loop.add_request(request("after", prompt=[1, 2, 3])))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
     new_steps = [s for s in worker.steps if s.incarnation_id == worker.description.incarnation_id]
     assert new_steps and all(b < 4 for s in new_steps for r in s.new_requests for b in r.block_ids)
@@ -79,14 +57,14 @@ async def test_a_restart_mid_stream_fails_it_and_the_new_pool_is_used_from_then_
 async def test_a_restart_while_idle_is_found_by_the_monitor_and_no_stale_prefix_is_served():
     worker = FakeWorkerClient()
     async with running(worker) as (loop, monitor):
-        await drain(loop.add_request(request("before")))
+        await outputs_of(loop.add_request(request("before")))
         assert len(loop.scheduler.kv.prefix_index) == 3
         worker.restart()
         await monitor.probe_once()
         assert not loop.ready
-        await until(lambda: loop.ready, "recovery")
+        await wait_for_async(lambda: loop.ready, what="recovery")
         assert worker.num_describes == 1 and len(loop.scheduler.kv.prefix_index) == 0
-        outputs = await drain(loop.add_request(request("again")))
+        outputs = await outputs_of(loop.add_request(request("again")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH and outputs[-1].num_cached_tokens == 0
     again = next(r for s in worker.steps for r in s.new_requests if r.req_id == "again")
     assert again.num_computed_tokens == 0  # computed afresh, not read from the new worker's empty pool
@@ -98,15 +76,15 @@ async def test_an_unreachable_idle_worker_makes_the_scheduler_unready_until_it_i
     async with running(worker) as (loop, monitor):
         worker.status, worker.back = WorkerStatus.UNREACHABLE, asyncio.Event()
         await monitor.probe_once()
-        await until(lambda: loop.recovering, "recovery started")
+        await wait_for_async(lambda: loop.recovering, what="recovery started")
         assert loop.readiness.has(NotReady.WORKER_LOST)
         with pytest.raises(ServiceNotReady, match="lost its worker"):
             loop.add_request(request("refused"))
         await monitor.probe_once()  # probes while recovering change nothing
         worker.status = WorkerStatus.SERVING
         worker.back.set()
-        await until(lambda: loop.ready, "recovery")
-        outputs = await drain(loop.add_request(request("served")))
+        await wait_for_async(lambda: loop.ready, what="recovery")
+        outputs = await outputs_of(loop.add_request(request("served")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
@@ -129,17 +107,17 @@ async def test_a_step_in_flight_is_abandoned_when_the_worker_stops_answering_pro
         queue = loop.add_request(request("stuck", max_tokens=50))
         assert (await asyncio.wait_for(queue.get(), 5)).new_token_ids == [SAMPLED_TOKEN]
         worker.hang.set()  # the next step never returns (SIGSTOP)
-        await until(lambda: worker.hung_steps == 1, "a hung step")
+        await wait_for_async(lambda: worker.hung_steps == 1, what="a hung step")
         worker.status, worker.back = WorkerStatus.UNREACHABLE, asyncio.Event()
         await monitor.probe_once()
-        items = await drain(queue)
+        items = await outputs_of(queue)
         assert isinstance(items[-1], WorkerUnavailable) and "does not answer" in str(items[-1])
         assert loop.readiness.has(NotReady.WORKER_LOST) and loop.num_live_requests == 0
         worker.hang.clear()
         worker.status = WorkerStatus.SERVING
         worker.back.set()  # SIGCONT: the same incarnation answers again
-        await until(lambda: loop.ready, "recovery")
-        outputs = await drain(loop.add_request(request("after")))
+        await wait_for_async(lambda: loop.ready, what="recovery")
+        outputs = await outputs_of(loop.add_request(request("after")))
     assert outputs[-1].finish_reason is FinishReason.LENGTH
     assert any("stuck" in s.finished_req_ids for s in worker.steps)  # the same incarnation drops its mirror
 
@@ -153,7 +131,7 @@ async def test_a_worker_that_stops_serving_takes_no_new_requests_but_finishes_th
         await monitor.probe_once()
         with pytest.raises(ServiceNotReady, match="not serving"):
             loop.add_request(request("new"))
-        outputs = await drain(queue)
+        outputs = await outputs_of(queue)
         assert outputs[-1].finish_reason is FinishReason.LENGTH and outputs[-1].num_output_tokens == 20
         worker.status = WorkerStatus.SERVING
         await monitor.probe_once()
@@ -168,7 +146,7 @@ async def test_a_request_the_worker_fails_ends_alone_with_its_own_error():
                            "nan": FailedRequest("nan", "non-finite logits", False)}
         queues = {name: loop.add_request(request(name, max_tokens=5, prompt=[i + 1, 2, 3]))
                   for i, name in enumerate(("ok1", "bias", "nan", "ok2"))}
-        results = {name: await drain(queue) for name, queue in queues.items()}
+        results = {name: await outputs_of(queue) for name, queue in queues.items()}
         assert loop.ready and worker.num_describes == 0
         assert loop.scheduler.kv.usage == 0.0 and loop.num_live_requests == 0
         loop.scheduler.kv.check_integrity()

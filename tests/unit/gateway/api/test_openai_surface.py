@@ -7,13 +7,11 @@ import time
 from contextlib import contextmanager
 
 import pytest
-from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
+from tests.unit.gateway.app_client import app_client, serving
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 
 ORIGIN = "https://ui.example"
 PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -22,14 +20,8 @@ PREFLIGHT = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
 
 @contextmanager
 def gateway(tokenizer, **config):
-    config = GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config)
-    state = Serving(config, tokenizer, fake_replicas(FakeSchedulerClient(tokenizer)), generation_defaults={})
-    app = create_app(state)
-    with TestClient(app) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
-        yield client, app
+    with app_client(serving(tokenizer, FakeSchedulerClient(tokenizer), **config)) as client:
+        yield client, client.app
 
 
 def test_retrieve_the_served_model_by_name_or_folder(tokenizer):
@@ -87,12 +79,7 @@ def test_options_on_every_route_is_never_a_5xx(tokenizer, origins):
 
 def test_root_is_absolute_when_served_from_a_relative_folder(tokenizer, monkeypatch):
     monkeypatch.chdir(MODEL_DIR.parent)
-    config = GatewayConfig(model_dir=MODEL_DIR.name, health_poll_interval_s=0.02)
-    state = Serving(config, tokenizer, fake_replicas(FakeSchedulerClient(tokenizer)), generation_defaults={})
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
+    with app_client(serving(tokenizer, FakeSchedulerClient(tokenizer), model_dir=MODEL_DIR.name)) as client:
         card = client.get("/v1/models").json()["data"][0]
         assert card["root"] == str(MODEL_DIR.resolve())  # a bench on this machine loads the tokenizer from it
         assert client.get(f"/v1/models/{MODEL_DIR.name}").status_code == 200

@@ -5,25 +5,20 @@ stored turns (in a real redis-server and in memory), refusals, and the stream, e
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
-from fastapi.testclient import TestClient
 from openai import OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
 from services.ports import free_port
 from shared.structured_output import StructuredOutputKind
 from tests.integration.processes import RedisServer
-from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import DESCRIPTION, FakeSchedulerClient, fake_replicas
-from tests.unit.gateway.structured.test_tool_calls_api import CALLS_TEXT, PassingChecker
+from tests.unit.gateway.app_client import checked_gateway
+from tests.unit.gateway.fake_scheduler import DESCRIPTION, FakeSchedulerClient
+from tests.unit.gateway.structured.test_tool_calls_api import CALLS_TEXT
 
 REPLY = "The capital of France is Paris."
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -35,13 +30,7 @@ EVENTS = TypeAdapter(ResponseStreamEvent)
 @contextmanager
 def gateway(tokenizer, reply: str = REPLY, max_model_len: int = 1024, **config):
     fake = FakeSchedulerClient(tokenizer, reply=reply, description=replace(DESCRIPTION, max_model_len=max_model_len))
-    state = Serving(GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config), tokenizer,
-                    fake_replicas(fake), generation_defaults={})
-    state.grammar_checker = PassingChecker()
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
+    with checked_gateway(tokenizer, fake, **config) as (client, state, _):
         yield client, fake, state
 
 

@@ -4,13 +4,14 @@ abandon its calls; the same silence with a free-running loop does."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import pytest
 
 from services.gateway.routing.loop_lag import LoopLag
 from services.gateway.routing.replicas import Health, Replica, ReplicaIdentity, ReplicaSet
+from tests.support.tasks import running
+from tests.support.waiting import wait_for_async
 from tests.unit.gateway.fake_scheduler import DESCRIPTION
 
 
@@ -37,15 +38,10 @@ def serving_replica(client) -> Replica:
 
 async def check_with_lag(client) -> Replica:
     replicas = ReplicaSet([], lambda address: client, health_timeout_s=1.0)
-    lag_task = asyncio.create_task(replicas.loop_lag.run())
-    await asyncio.sleep(0.12)  # a few ticks
     replica = serving_replica(client)
-    try:
+    async with running(replicas.loop_lag.run()):
+        await wait_for_async(lambda: replicas.loop_lag._last_tick_s is not None, what="the lag monitor's first tick")
         await replicas._check(replica)
-    finally:
-        lag_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await lag_task
     return replica
 
 

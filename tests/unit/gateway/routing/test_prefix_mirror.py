@@ -13,13 +13,12 @@ from services.gateway.routing.prefix_mirror import PrefixMirror
 from services.scheduler.prefix_cache import PrefixIndex
 from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import RedisServer
+from tests.support.tasks import cancelled_after, running
+from tests.support.waiting import wait_for_async
 
 
-async def eventually(condition, timeout_s: float = 30.0, what: str = "condition") -> None:
-    deadline_s = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline_s, f"{what} not met within {timeout_s}s"
-        await asyncio.sleep(0.01)
+async def eventually(condition, what: str = "condition") -> None:
+    await wait_for_async(condition, timeout_s=30, interval_s=0.01, what=what)
 
 
 def churn(index: PrefixIndex, rng: random.Random, num_changes: int) -> None:
@@ -29,17 +28,6 @@ def churn(index: PrefixIndex, rng: random.Random, num_changes: int) -> None:
             index.insert(key, rng.randrange(1000))
         else:
             index.remove(key)
-
-
-@contextlib.asynccontextmanager
-async def task_of(coroutine):
-    task = asyncio.create_task(coroutine)
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 @pytest.mark.asyncio
@@ -61,7 +49,7 @@ async def test_the_mirror_equals_the_index_through_churn_and_restarts(tmp_path):
         return view is not None and view.keys == set(indexes[name].keys())
 
     try:
-        async with task_of(writers["a"].run()), task_of(mirror.run()):
+        async with running(writers["a"].run()), running(mirror.run()):
             old_b = asyncio.create_task(writers["b"].run())
             for _ in range(30):  # churn faster than the stream keeps (50 entries): the mirror must resync
                 churn(indexes["a"], rng, 40)
@@ -83,7 +71,7 @@ async def test_the_mirror_equals_the_index_through_churn_and_restarts(tmp_path):
             writers["b"] = RedisStateWriter(config, "b", lambda: loads["b"], lambda: indexes["b"])
             indexes["b"] = PrefixIndex()
             indexes["b"].insert(b"\x07" * 16, 1)
-            async with task_of(writers["b"].run()):
+            async with running(writers["b"].run()):
                 await eventually(lambda: mirrored("b"), what="mirror equal after the scheduler restarted")
                 churn(indexes["b"], rng, 20)
                 await eventually(lambda: mirrored("b"))
@@ -98,13 +86,9 @@ async def test_a_cancelled_mirror_always_stops(tmp_path):
     server.start()
     rng = random.Random(5)
     try:
-        for attempt in range(60):
+        for _ in range(60):
             mirror = PrefixMirror(server.url, timeout_s=0.5, stats_interval_s=0.02, retry_interval_s=0.05)
             mirror.follow(["a", "b"])
-            task = asyncio.create_task(mirror.run())
-            await asyncio.sleep(rng.uniform(0.0, 0.3))
-            task.cancel()
-            done, _ = await asyncio.wait({task}, timeout=2.0)
-            assert done, f"attempt {attempt}: the mirror ignored its cancellation"
+            await cancelled_after(mirror.run(), rng.uniform(0.0, 0.3))
     finally:
         server.kill()

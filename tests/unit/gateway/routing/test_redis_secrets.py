@@ -3,9 +3,6 @@ take stops the gateway at start with exit code 2 and a line naming the flag."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import subprocess
 import sys
 
@@ -13,36 +10,26 @@ import pytest
 
 from services.gateway.routing.prefix_mirror import PrefixMirror
 from tests.integration.processes import MODEL_DIR, REPO
-from tests.unit.scheduler_service.test_redis_secrets import PASSWORD, redis_with_password  # noqa: F401 (fixture)
+from tests.unit.scheduler_service.test_redis_secrets import (  # noqa: F401 (fixture)
+    PASSWORD,
+    first_attempt,
+    redis_with_password,
+    wrong_then_right,
+)  # noqa: F401 (fixture)
 
 
 async def _read_once(url: str) -> PrefixMirror:
     mirror = PrefixMirror(url, timeout_s=1.0, stats_interval_s=0.01, retry_interval_s=0.05)
     mirror.follow(["scheduler-a"])  # with nothing to follow it reads nothing
-    task = asyncio.create_task(mirror.run())
-    try:
-        for _ in range(100):
-            await asyncio.sleep(0.02)
-            if mirror.connected or mirror._outage_logged:
-                break
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    return mirror
+    return await first_attempt(mirror)
 
 
 @pytest.mark.asyncio
 async def test_the_prefix_mirror_logs_the_redis_url_masked(redis_with_password, caplog):  # noqa: F811
-    caplog.set_level(logging.INFO, logger="services.gateway.routing.prefix_mirror")
-    wrong = await _read_once(f"redis://:wrong-{PASSWORD}@127.0.0.1:{redis_with_password}/0")
-    right = await _read_once(f"redis://:{PASSWORD}@127.0.0.1:{redis_with_password}/0")
-    assert not wrong.connected and right.connected
-    warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
-    info = next(r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    logger = "services.gateway.routing.prefix_mirror"
+    warning, info = await wrong_then_right(_read_once, redis_with_password, caplog, logger)
     assert f"Redis at redis://:***@127.0.0.1:{redis_with_password}/0 unreadable" in warning
     assert f"reading Redis at redis://:***@127.0.0.1:{redis_with_password}/0" in info
-    assert PASSWORD not in caplog.text
 
 
 def test_a_url_redis_cannot_take_stops_the_gateway_with_exit_2():

@@ -21,6 +21,7 @@ from services.gateway.routing.router_metrics import RouterMetrics
 from shared.block_hashes import prompt_block_keys
 from shared.request_io import GenerateRequest
 from shared.sampling_params import SamplingParams
+from tests.support.waiting import wait_for_async
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
 
@@ -48,18 +49,11 @@ class FakeMirror:
         return self.views.get(instance_id) if self.connected else None
 
 
-async def wait_until(condition, timeout_s: float = 5.0) -> None:
-    deadline_s = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline_s, "condition not met"
-        await asyncio.sleep(0.01)
-
-
 @contextlib.asynccontextmanager
 async def running(replicas: ReplicaSet, num_live: int):
     task = asyncio.create_task(replicas.run())
     try:
-        await wait_until(lambda: len(replicas.live()) == num_live)
+        await wait_for_async(lambda: len(replicas.live()) == num_live)
         yield replicas
     finally:
         task.cancel()
@@ -235,11 +229,11 @@ async def test_health_takes_a_replica_out_and_brings_it_back(tokenizer):
     a, b = FakeSchedulerClient(tokenizer, instance_id="a"), FakeSchedulerClient(tokenizer, instance_id="b")
     async with running(fake_replicas(a, b), 2) as replicas:
         a.serving = False
-        await wait_until(lambda: [r.name for r in replicas.live()] == ["b"], 2)
+        await wait_for_async(lambda: [r.name for r in replicas.live()] == ["b"], timeout_s=2)
         router, _ = make_router(replicas, "round-robin")
         assert {(await run(router, request(f"r{i}", [1])))[1][0] for i in range(4)} == {"b"}
         a.serving = True
-        await wait_until(lambda: len(replicas.live()) == 2, 2)
+        await wait_for_async(lambda: len(replicas.live()) == 2, timeout_s=2)
 
 
 @pytest.mark.asyncio
@@ -257,13 +251,13 @@ async def test_dns_changes_add_and_retire_replicas_and_one_instance_counts_once(
     async with running(replicas, 2):
         answer = ["10.0.0.2:50051", "10.0.0.3:50051", "10.0.0.9:50051"]
         await replicas.discover()
-        await wait_until(lambda: sorted(r.name for r in replicas.live()) == ["pod-1", "pod-2", "pod-3"])
+        await wait_for_async(lambda: sorted(r.name for r in replicas.live()) == ["pod-1", "pod-2", "pod-3"])
         answer = None  # DNS fails: the last answer stands
         await replicas.discover()
         assert len(replicas.replicas) == 3
         answer = ["10.0.0.9:50051", "10.0.0.1:50051"]  # pod-1 twice: one replica
         await replicas.discover()
-        await wait_until(lambda: [r.name for r in replicas.live()] == ["pod-1"])
+        await wait_for_async(lambda: [r.name for r in replicas.live()] == ["pod-1"])
 
 
 @pytest.mark.asyncio

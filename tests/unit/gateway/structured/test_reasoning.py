@@ -5,15 +5,10 @@ the chat API's reasoning fields against a fake scheduler."""
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 
 import pytest
-from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
 from services.gateway.structured.reasoning_grammar import after_reasoning
 from services.gateway.structured.reasoning_parsers import (
     REASONING_FORMATS,
@@ -24,9 +19,9 @@ from services.gateway.structured.structured_outputs import Constraint
 from services.gpu_worker.grammar import RequestGrammar
 from shared.grammar_cache import GrammarCache
 from shared.structured_output import StructuredOutput, StructuredOutputKind
+from tests.unit.gateway.app_client import checked_gateway
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
-from tests.unit.gateway.structured.test_tool_calls_api import PassingChecker
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 from tests.unit.gateway.structured.test_tools import WEATHER
 from tests.unit.gateway.test_app import sse_chunks
 
@@ -97,14 +92,8 @@ def test_the_constraint_applies_after_the_reasoning_only(grammars, family):
 @contextmanager
 def gateway(tokenizer, reply: str, **config):
     fake = FakeSchedulerClient(tokenizer, reply=reply)
-    state = Serving(GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02, **config), tokenizer,
-                    fake_replicas(fake), generation_defaults={})
-    state.grammar_checker = PassingChecker()
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
-        yield client, fake, state.grammar_checker
+    with checked_gateway(tokenizer, fake, **config) as (client, _, checker):
+        yield client, fake, checker
 
 
 CHAT = {"model": "tiny-model", "messages": [{"role": "user", "content": "Capital of France?"}]}

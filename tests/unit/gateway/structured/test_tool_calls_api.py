@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
 from contextlib import contextmanager
 
-from fastapi.testclient import TestClient
-
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput, StructuredOutputKind
-from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
+from shared.structured_output import StructuredOutputKind
+from tests.unit.gateway.app_client import checked_gateway
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 from tests.unit.gateway.structured.test_tools import TIME, WEATHER
 from tests.unit.gateway.test_app import sse_chunks
 
@@ -24,31 +17,11 @@ ASK = {"model": "tiny-model", "messages": [{"role": "user", "content": "Weather 
        "tools": [WEATHER, TIME]}
 
 
-class PassingChecker:
-    """Stands in for the grammar check (tested on its own): every grammar compiles."""
-
-    def __init__(self) -> None:
-        self.checked: list[Constraint] = []
-
-    async def check(self, constraint: Constraint, client: str = "") -> StructuredOutput:
-        self.checked.append(constraint)
-        return constraint.structured
-
-    async def close(self) -> None:
-        pass
-
-
 @contextmanager
 def gateway(tokenizer, reply: str):
     fake = FakeSchedulerClient(tokenizer, reply=reply)
-    state = Serving(GatewayConfig(model_dir=str(MODEL_DIR), health_poll_interval_s=0.02), tokenizer,
-                    fake_replicas(fake), generation_defaults={})
-    state.grammar_checker = PassingChecker()
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
-        yield client, fake, state.grammar_checker
+    with checked_gateway(tokenizer, fake) as (client, _, checker):
+        yield client, fake, checker
 
 
 def streamed_calls(chunks: list[dict]) -> tuple[str, list[dict], str]:

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from services.gateway.tenants.keys_file import Tenant
 from services.gateway.tenants.metrics import TenantMetrics
 from services.gateway.tenants.rate_limit import REDIS_TIMEOUT_S, BucketState, LocalBuckets, RateLimiter
-from tests.integration.processes import RedisServer, free_port
+from services.ports import free_port
+from tests.integration.processes import RedisServer
 
 
 def test_local_buckets_refill_at_limit_per_minute():

@@ -5,20 +5,17 @@ template refuses chat with a 400 that says so."""
 from __future__ import annotations
 
 import shutil
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig
 from services.gateway.text.chat_template import load_chat_template
 from services.gateway.text.tokenizer import PromptTokenizer
+from tests.unit.gateway.app_client import app_client, serving
 from tests.unit.gateway.conftest import MODEL_DIR
-from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
+from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 PLAIN = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
@@ -36,14 +33,9 @@ def bare_model_dir(tmp_path_factory) -> Path:
 
 @contextmanager
 def gateway(model_dir: Path, **config):
-    config = GatewayConfig(model_dir=str(model_dir), health_poll_interval_s=0.02, **config)
-    tokenizer = PromptTokenizer(str(model_dir), config.chat_template)
+    tokenizer = PromptTokenizer(str(model_dir), config.get("chat_template"))
     fake = FakeSchedulerClient(tokenizer)
-    state = Serving(config, tokenizer, fake_replicas(fake), generation_defaults={})
-    with TestClient(create_app(state)) as client:
-        deadline_s = time.monotonic() + 5
-        while not state.ready and time.monotonic() < deadline_s:
-            time.sleep(0.01)
+    with app_client(serving(tokenizer, fake, model_dir, **config)) as client:
         yield client, fake, tokenizer
 
 

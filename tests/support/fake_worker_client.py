@@ -1,8 +1,10 @@
-"""A worker stand-in for the engine loop: mirrors requests like the real one and samples a fixed token.
+"""The worker client the engine loop talks to, over the suite's one fake worker (`tests.support.fake_worker`).
 
-It can restart (a new incarnation, maybe with another pool), fail or hang its next step, and answer probes.
-Steps submitted while others are pending run after them, in order, like the worker's Steps stream; a step that
-fails fails every step after it until the loop resets the stream.
+Each step runs on a `FakeWorker`, which checks the step protocol and the KV discipline and samples SAMPLED_TOKEN;
+around it, this client adds what the gRPC client sees: it can restart (a new incarnation, maybe with another pool),
+fail or hang its next step, fail chosen requests, gate grammar preparation, and answer probes. Steps submitted
+while others are pending run after them, in order, like the worker's Steps stream; a step that fails fails every
+step after it until the loop resets the stream.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import grpc.aio
 from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
 from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
 from shared.structured_output import StructuredOutput
+from tests.support.fake_worker import FakeWorker, Mirror
 
 SAMPLED_TOKEN = 7
 DESCRIPTION = ModelDescription(model_name="fake", architecture="LlamaForCausalLM", max_model_len=256, vocab_size=100,
@@ -33,8 +36,7 @@ class FakeWorkerClient:
 
     def __init__(self, step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s
-        self.description = DESCRIPTION
-        self.mirrors: dict[str, list[int]] = {}  # req_id -> [num known tokens, num computed tokens]
+        self.worker = FakeWorker(DESCRIPTION, fixed_token=SAMPLED_TOKEN)
         self.steps: list[StepInput] = []
         self.fail_next_step = False
         self.num_describes = 0
@@ -52,6 +54,14 @@ class FakeWorkerClient:
         self.refused_grammars: set[str] = set()  # specs answered INVALID_ARGUMENT
         self.prepared_grammars: list[str] = []  # spec of every PrepareGrammar call
 
+    @property
+    def description(self) -> ModelDescription:
+        return self.worker.description
+
+    @property
+    def mirrors(self) -> dict[str, Mirror]:
+        return self.worker.mirrors
+
     async def prepare_grammar(self, structured: StructuredOutput) -> None:
         self.prepared_grammars.append(structured.spec)
         if self.grammar_gate is not None:
@@ -62,9 +72,8 @@ class FakeWorkerClient:
 
     def restart(self, **changes) -> None:
         """A new incarnation with an empty pool: every mirror is gone."""
-        self.description = dataclasses.replace(self.description, incarnation_id=self.description.incarnation_id + "+",
-                                               **changes)
-        self.mirrors.clear()
+        self.worker.restart(dataclasses.replace(self.description,
+                                                incarnation_id=self.description.incarnation_id + "+", **changes))
 
     def submit(self, step: StepInput, step_id: int, traceparents: dict[str, str],
                step_traceparent: str = "") -> asyncio.Future:
@@ -110,21 +119,14 @@ class FakeWorkerClient:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
         if step.incarnation_id != self.description.incarnation_id:
             return StepOutput(incarnation_id=self.description.incarnation_id)
-        for req_id in step.finished_req_ids:
-            self.mirrors.pop(req_id, None)
-        for new in step.new_requests:
-            self.mirrors[new.req_id] = [len(new.token_ids), new.num_computed_tokens]
-        output = StepOutput(incarnation_id=self.description.incarnation_id)
-        for req_id, num in step.num_scheduled_tokens.items():
-            if req_id in self.failures:
-                output.failed.append(self.failures.pop(req_id))
-                del self.mirrors[req_id]
-                continue
-            mirror = self.mirrors[req_id]
-            mirror[1] += num
-            if mirror[1] == mirror[0]:
-                mirror[0] += 1
-                output.req_ids.append(req_id)
-                output.sampled_token_ids.append(SAMPLED_TOKEN)
-                output.logprobs.append(None)
+        output = self.worker.execute_step(step)
+        output.incarnation_id = self.description.incarnation_id
+        failed = {req_id for req_id in step.num_scheduled_tokens if req_id in self.failures}
+        for req_id in failed:
+            output.failed.append(self.failures.pop(req_id))
+            del self.mirrors[req_id]
+        kept = [i for i, req_id in enumerate(output.req_ids) if req_id not in failed]
+        output.req_ids = [output.req_ids[i] for i in kept]
+        output.sampled_token_ids = [output.sampled_token_ids[i] for i in kept]
+        output.logprobs = [output.logprobs[i] for i in kept]
         return output

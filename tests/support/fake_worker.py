@@ -12,7 +12,11 @@ So a prefix hit on the wrong block, a block handed to two live requests, or a bl
 all surface here as errors, whatever the scheduler's own bookkeeping says.
 
 The next token is a function of the token history only (not of the req_id, the batch or the step), so a request's
-outputs do not depend on how it was scheduled; a script can force a request's outputs for exact tests.
+outputs do not depend on how it was scheduled; a script can force a request's outputs for exact tests, and
+`fixed_token` makes every unscripted output that one token.
+
+This is the one fake worker of the suite: the scheduler's tests drive it step by step (`execute_step`), the engine
+loop's tests through `tests.support.fake_worker_client`, which adds the gRPC client's faults around it.
 """
 
 from __future__ import annotations
@@ -72,10 +76,11 @@ class Mirror:
 
 class FakeWorker:
     def __init__(self, description: ModelDescription, eos_prob: float = 0.0,
-                 scripts: dict[str, list[int]] | None = None) -> None:
+                 scripts: dict[str, list[int]] | None = None, fixed_token: int | None = None) -> None:
         self.description = description
         self.block_size = description.block_size
         self.eos_prob = eos_prob
+        self.fixed_token = fixed_token
         self.scripts = scripts or {}  # req_id -> forced output tokens, by output index (survives preemption)
         self.mirrors: dict[str, Mirror] = {}
         self.kv: dict[int, tuple[int, int, bytes]] = {}  # slot -> (token id, position, prefix hash)
@@ -85,12 +90,21 @@ class FakeWorker:
     def describe(self) -> ModelDescription:
         return self.description
 
+    def restart(self, description: ModelDescription) -> None:
+        """A new incarnation: every mirror and every slot of the old pool is gone."""
+        self.description = description
+        self.block_size = description.block_size
+        self.mirrors.clear()
+        self.kv.clear()
+
     # --- the sampler -------------------------------------------------------------------------------------
 
     def next_token(self, mirror: Mirror) -> int:
         script = self.scripts.get(mirror.req_id)
         if script is not None and mirror.num_output_tokens < len(script):
             return script[mirror.num_output_tokens]
+        if self.fixed_token is not None:
+            return self.fixed_token
         return sample_from_history(mirror.prefix_hashes[-1], mirror.sampling, mirror.num_output_tokens,
                                    self.description, self.eos_prob)
 

@@ -1,12 +1,13 @@
-"""The three services as separate real processes on free ports, so a fault test can kill, stop, restart or signal
-any one of them while the others keep running (tests/integration's `pagedserve serve` owns all three together)."""
+"""The fault suite's stack: the three services as separate real processes on free ports, so a fault test can kill,
+stop, restart or signal any one of them while the others keep running (tests/integration's `pagedserve serve` owns
+all three together). `scheduler_stats` reads any scheduler's stats the way the stacks do."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
 from shared.integrity_report import IntegrityReport
 from shared.scheduler_stats import SchedulerStats
-from tests.integration.processes import MODEL_DIR, REPO, wait_for
+from tests.integration.processes import MODEL_DIR
+from tests.support.service_process import ServiceProcess, service_env
+from tests.support.waiting import wait_for
 
 INTERNAL_TOKEN = "fault-suite-internal-token"
 # Quicker detection than the defaults: the worker is probed every 0.2 s and lost when a probe goes unanswered for
@@ -30,49 +33,21 @@ WORKER_PROBE_TIMEOUT_S = 3
 SCHEDULER_FLAGS = ("--step-progress-timeout-s", "60", "--worker-probe-interval-s", "0.2",
                    "--worker-probe-timeout-s", str(WORKER_PROBE_TIMEOUT_S))
 WORKER_FLAGS = ("--kv-cache-memory-bytes", "256MiB")
+STARTUP_TIMEOUT_S = 240
 
 
-@dataclass
-class Service:
-    """One service process; its output goes to a log file that survives restarts (appended)."""
-
-    name: str
-    argv: list[str]
-    log_path: Path
-    env: dict
-    process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log_path, "a") as log:
-            log.write(f"\n===== start {' '.join(self.argv[2:])}\n")
-            log.flush()
-            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.env)
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def signal(self, signum: int) -> None:
-        assert self.running, f"{self.name} is not running:\n{self.log_tail()}"
-        self.process.send_signal(signum)
-
-    def wait(self, timeout_s: float) -> int:
-        return self.process.wait(timeout_s)
-
-    def kill(self) -> None:
-        if self.running:
-            self.process.send_signal(signal.SIGCONT)  # a stopped process would not run its exit
-            self.process.kill()
-            self.process.wait()
-
-    def log_tail(self, num_lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+def scheduler_stats(scheduler_port: int, internal_token: str) -> SchedulerStats:
+    """The scheduler's GetStats over gRPC, with the internal token it wants."""
+    with grpc.insecure_channel(f"127.0.0.1:{scheduler_port}") as channel:
+        stub = scheduler_pb2_grpc.SchedulerServiceStub(channel)
+        return stats_from_pb(stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=10,
+                                           metadata=(("x-pagedserve-token", internal_token),)))
 
 
 @dataclass
 class FaultStack:
     tmp_dir: Path
-    env: dict
+    env: dict = field(default_factory=service_env)
     worker_port: int = field(default_factory=free_port)
     scheduler_port: int = field(default_factory=free_port)
     port: int = field(default_factory=free_port)
@@ -92,12 +67,13 @@ class FaultStack:
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120, trust_env=False)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler_port}")
         self.stub = scheduler_pb2_grpc.SchedulerServiceStub(self.channel)
+        self.base_argv = {"scheduler": list(self.scheduler.argv), "gateway": list(self.gateway.argv)}  # as first run
 
-    def _service(self, name: str, argv: list[str]) -> Service:
-        return Service(name, argv, self.tmp_dir / f"{name}.log", self.env)
+    def _service(self, name: str, argv: list[str]) -> ServiceProcess:
+        return ServiceProcess(name, argv, self.tmp_dir / f"{name}.log", self.env)
 
     @property
-    def services(self) -> list[Service]:
+    def services(self) -> list[ServiceProcess]:
         return [self.worker, self.scheduler, self.gateway]
 
     def start(self, timeout_s: float) -> None:
@@ -164,8 +140,7 @@ class FaultStack:
                                                           metadata=self.metadata()))
 
     def stats(self) -> SchedulerStats:
-        return stats_from_pb(self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=5,
-                                                metadata=self.metadata()))
+        return scheduler_stats(self.scheduler_port, INTERNAL_TOKEN)
 
     def assert_quiescent_and_intact(self, timeout_s: float = 10) -> IntegrityReport:
         """No request left anywhere and the block accounting exact: nothing leaked."""
@@ -183,3 +158,16 @@ class FaultStack:
             service.kill()
         self.http.close()
         self.channel.close()
+
+
+@contextlib.contextmanager
+def running_fault_stack(tmp_dir: Path, timeout_s: float = STARTUP_TIMEOUT_S) -> Iterator[FaultStack]:
+    """A started, warmed-up FaultStack for the block; every process is killed after it."""
+    if not (MODEL_DIR / "model.safetensors").is_file():
+        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
+    stack = FaultStack(tmp_dir)
+    try:
+        stack.start(timeout_s)
+        yield stack
+    finally:
+        stack.close()
