@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,3 +96,19 @@ def start_replica_stack(tmp_dir: Path, redis_server: RedisServer, worker_flags: 
             port)
     services = [*workers, *schedulers, *(gateway for gateway, _ in gateways.values())]
     return ReplicaStack(redis_server, workers, schedulers, gateways, services)
+
+
+@contextmanager
+def running_replica_stack(tmp_dir: Path, **flags: tuple[str, ...]) -> Iterator[ReplicaStack]:
+    """A ready stack over its own Redis (start_replica_stack's flags), stopped with its Redis on exit."""
+    if not (MODEL_DIR / "model.safetensors").is_file():
+        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
+    redis_server = RedisServer(tmp_dir / "redis.log")
+    redis_server.start()
+    stack = start_replica_stack(tmp_dir, redis_server, **flags)
+    try:
+        stack.wait_ready(600)
+        yield stack
+    finally:
+        stack.stop()
+        redis_server.kill()

@@ -17,13 +17,13 @@ import json
 import random
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.integration.processes import MODEL_DIR, RedisServer
-from tests.integration.replica_stack import REPLICA_IDS, ReplicaStack, start_replica_stack
+from tests.integration.replica_stack import REPLICA_IDS, ReplicaStack, running_replica_stack
 
 NUM_GROUPS, NUM_USERS = 4, 8
 WORDS = ("policy", "travel", "expense", "manager", "approve", "receipt", "hotel", "flight", "budget", "report",
@@ -34,19 +34,9 @@ BLOCK_SIZE = 16  # the schedulers' KV block size
 
 
 @pytest.fixture(scope="module")
-def replicas(tmp_path_factory) -> ReplicaStack:
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
-    tmp_dir = tmp_path_factory.mktemp("replicas")
-    redis_server = RedisServer(tmp_dir / "redis.log")
-    redis_server.start()
-    stack = start_replica_stack(tmp_dir, redis_server)
-    try:
-        stack.wait_ready(600)
+def replicas(tmp_path_factory) -> Iterator[ReplicaStack]:
+    with running_replica_stack(tmp_path_factory.mktemp("replicas")) as stack:
         yield stack
-    finally:
-        stack.stop()
-        redis_server.kill()
 
 
 def system_prompt(seed: int) -> str:

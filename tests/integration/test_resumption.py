@@ -24,14 +24,15 @@ import re
 import signal
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.processes import MODEL_DIR, RedisServer, wait_for
-from tests.integration.replica_stack import REPLICA_IDS, ReplicaStack, start_replica_stack
+from tests.integration.processes import wait_for
+from tests.integration.replica_stack import REPLICA_IDS, ReplicaStack, running_replica_stack
 
 pytestmark = pytest.mark.slow  # about 2.5 min: two replicas start, then three runs of the workload
 
@@ -98,21 +99,11 @@ STOP_PROBE = Spec("stop-probe", "greedy", "Describe a long walk through an old c
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> ReplicaStack:
-    if not (MODEL_DIR / "model.safetensors").is_file():
-        raise RuntimeError(f"{MODEL_DIR} is missing: run `make model`")
-    tmp_dir = tmp_path_factory.mktemp("resumption")
-    redis_server = RedisServer(tmp_dir / "redis.log")
-    redis_server.start()
-    replicas = start_replica_stack(tmp_dir, redis_server, worker_flags=("--batch-invariant",),
-                                   scheduler_flags=("--drain-timeout-s", str(DRAIN_GRACE_S), "--drain-handoff-margin-s",
-                                                    str(HANDOFF_MARGIN_S)), routings=("prefix",))
-    try:
-        replicas.wait_ready(600)
+def stack(tmp_path_factory) -> Iterator[ReplicaStack]:
+    with running_replica_stack(tmp_path_factory.mktemp("resumption"), worker_flags=("--batch-invariant",),
+                               scheduler_flags=("--drain-timeout-s", str(DRAIN_GRACE_S), "--drain-handoff-margin-s",
+                                                str(HANDOFF_MARGIN_S)), routings=("prefix",)) as replicas:
         yield replicas
-    finally:
-        replicas.stop()
-        redis_server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ cross-references, as test_deploy.py runs them) must report each one, with a mess
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,13 @@ class Mutation:
     old: str
     new: str
     expected: str  # a piece of the problem the checks must report
+
+    def apply(self, root: Path) -> None:
+        """Break the copy of the deploy files under `root` (asserting the text to break is still there)."""
+        path = root / self.path
+        text = path.read_text()
+        assert self.old in text, f"the mutation no longer applies to {self.path}"
+        path.write_text(text.replace(self.old, self.new, 1))
 
 
 MUTATIONS = [
@@ -106,9 +114,6 @@ def test_the_issue_asks_for_at_least_fifteen_distinct_breakages():
 @pytest.mark.parametrize("mutation", MUTATIONS, ids=[m.name for m in MUTATIONS])
 def test_the_checks_catch_the_breakage(mutation: Mutation, tmp_path):
     root = copy_deploy_files(tmp_path)
-    path = root / mutation.path
-    text = path.read_text()
-    assert mutation.old in text, f"the mutation no longer applies to {mutation.path}"
-    path.write_text(text.replace(mutation.old, mutation.new, 1))
+    mutation.apply(root)
     problems = checks.all_problems(root)
     assert any(mutation.expected in problem for problem in problems), problems

@@ -14,6 +14,7 @@ gptqmodel and autoawq need CUDA to install; the two int4 writers are therefore t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,26 +76,37 @@ def _pack(nibbles: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(
     return words.movedim(-1, dim).contiguous()
 
 
-def write_gptq(arch: str, folder: Path, group: int = 128, act_order: bool = False, seed: int = 0):
-    """AutoGPTQ's layout; returns (the fp32 model of the dequantized weights, the unquantized model)."""
-    original = tiny_model(arch, seed)
-    reference = tiny_model(arch, seed)
+def _quantized(arch: str, seed: int, quantize: Callable[[str, torch.Tensor], dict[str, torch.Tensor]]
+               ) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, torch.Tensor]]:
+    """(the unquantized model, the model of the dequantized weights, the checkpoint's tensors): `quantize(prefix,
+    weight)` gives each projection's stored tensors and overwrites `weight` with its dequantized values; every other
+    tensor is stored as fp16."""
+    original, reference = tiny_model(arch, seed), tiny_model(arch, seed)
     tensors: dict[str, torch.Tensor] = {}
-    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in reference.state_dict().items():
-            if not _is_projection(name):
+            if _is_projection(name):
+                tensors |= quantize(name.removesuffix(".weight"), param)
+            else:
                 tensors[name] = param.half()
-                continue
-            in_features = param.shape[1]
-            columns = torch.randperm(in_features, generator=generator) if act_order else torch.arange(in_features)
-            codes, zeros, scales, values = _int4_grid(param, columns, group, widen_to_zero=True)
-            param.copy_(values)
-            prefix = name.removesuffix(".weight")
-            g_idx = torch.empty(in_features, dtype=torch.int32)
-            g_idx[columns] = (torch.arange(in_features) // group).to(torch.int32)
-            tensors |= {f"{prefix}.qweight": _pack(codes.T, 0), f"{prefix}.qzeros": _pack(zeros - 1, 1),
-                        f"{prefix}.scales": scales, f"{prefix}.g_idx": g_idx}
+    return original, reference, tensors
+
+
+def write_gptq(arch: str, folder: Path, group: int = 128, act_order: bool = False, seed: int = 0):
+    """AutoGPTQ's layout; returns (the fp32 model of the dequantized weights, the unquantized model)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def quantize(prefix: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        in_features = param.shape[1]
+        columns = torch.randperm(in_features, generator=generator) if act_order else torch.arange(in_features)
+        codes, zeros, scales, values = _int4_grid(param, columns, group, widen_to_zero=True)
+        param.copy_(values)
+        g_idx = torch.empty(in_features, dtype=torch.int32)
+        g_idx[columns] = (torch.arange(in_features) // group).to(torch.int32)
+        return {f"{prefix}.qweight": _pack(codes.T, 0), f"{prefix}.qzeros": _pack(zeros - 1, 1),
+                f"{prefix}.scales": scales, f"{prefix}.g_idx": g_idx}
+
+    original, reference, tensors = _quantized(arch, seed, quantize)
     _save(reference, folder, tensors, {"quant_method": "gptq", "bits": 4, "group_size": group,
                                        "desc_act": act_order, "sym": False, "checkpoint_format": "gptq"})
     return reference, original
@@ -102,20 +114,13 @@ def write_gptq(arch: str, folder: Path, group: int = 128, act_order: bool = Fals
 
 def write_awq(arch: str, folder: Path, group: int = 128, seed: int = 0):
     """AutoAWQ's GEMM layout; returns (the fp32 model of the dequantized weights, the unquantized model)."""
-    original = tiny_model(arch, seed)
-    reference = tiny_model(arch, seed)
-    tensors: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, param in reference.state_dict().items():
-            if not _is_projection(name):
-                tensors[name] = param.half()
-                continue
-            codes, zeros, scales, values = _int4_grid(param, torch.arange(param.shape[1]), group, False)
-            param.copy_(values)
-            prefix = name.removesuffix(".weight")
-            tensors |= {f"{prefix}.qweight": _pack(codes.T, 1, AWQ_ORDER), f"{prefix}.qzeros": _pack(zeros, 1,
-                                                                                                    AWQ_ORDER),
-                        f"{prefix}.scales": scales}
+    def quantize(prefix: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, zeros, scales, values = _int4_grid(param, torch.arange(param.shape[1]), group, False)
+        param.copy_(values)
+        return {f"{prefix}.qweight": _pack(codes.T, 1, AWQ_ORDER), f"{prefix}.qzeros": _pack(zeros, 1, AWQ_ORDER),
+                f"{prefix}.scales": scales}
+
+    original, reference, tensors = _quantized(arch, seed, quantize)
     _save(reference, folder, tensors, {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
                                        "version": "gemm"})
     return reference, original
@@ -126,23 +131,18 @@ def write_fp8(arch: str, folder: Path, strategy: str = "channel", activations: b
     activations (llm-compressor's FP8_DYNAMIC) or, without `activations`, weights only (naive-quantized, as
     compressed-tensors names a W8A16 format); returns (the fp32 model of the dequantized weights, the
     unquantized model)."""
-    original = tiny_model(arch, seed)
-    reference = tiny_model(arch, seed)
     args = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=False)
     dynamic = QuantizationArgs(num_bits=8, type="float", strategy="token", symmetric=True, dynamic=True)
     scheme = QuantizationScheme(targets=["Linear"], weights=args, input_activations=dynamic if activations else None)
-    tensors: dict[str, torch.Tensor] = {}
-    with torch.no_grad():
-        for name, param in reference.state_dict().items():
-            if not _is_projection(name):
-                tensors[name] = param.half()
-                continue
-            absmax = param.abs().amax(dim=1, keepdim=True) if strategy == "channel" else param.abs().amax().view(1)
-            scale = (absmax / torch.finfo(torch.float8_e4m3fn).max).half().float()
-            packed = FloatQuantizationCompressor.compress({"weight": param, "weight_scale": scale}, scheme)
-            param.copy_(packed["weight"].float() * scale)
-            prefix = name.removesuffix(".weight")
-            tensors |= {f"{prefix}.weight": packed["weight"], f"{prefix}.weight_scale": scale}
+
+    def quantize(prefix: str, param: torch.Tensor) -> dict[str, torch.Tensor]:
+        absmax = param.abs().amax(dim=1, keepdim=True) if strategy == "channel" else param.abs().amax().view(1)
+        scale = (absmax / torch.finfo(torch.float8_e4m3fn).max).half().float()
+        packed = FloatQuantizationCompressor.compress({"weight": param, "weight_scale": scale}, scheme)
+        param.copy_(packed["weight"].float() * scale)
+        return {f"{prefix}.weight": packed["weight"], f"{prefix}.weight_scale": scale}
+
+    original, reference, tensors = _quantized(arch, seed, quantize)
     fmt = "float-quantized" if activations else "naive-quantized"
     config = QuantizationConfig(config_groups={"group_0": scheme}, format=fmt, quantization_status="compressed",
                                 ignore=["lm_head"])
