@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 model: $(STAMP)
-	$(PY) -m shared.default_model --out $(MODEL_DIR)
+	$(PY) -m pagedserve.shared.default_model --out $(MODEL_DIR)
 
 # Commit subjects of at most 72 characters: a commit-msg hook for this clone (all its worktrees), and a check of
 # every commit since the rule began (tools/check_commit_subjects.py; `make test` runs it).
@@ -100,8 +100,8 @@ typecheck: $(STAMP)
 
 # Engine benchmarks (in-process, no services): decode tok/s vs transformers; what batching and prefix caching buy.
 bench-engine: model
-	$(PY) -m benchmarks.engine.bench_decode --model $(MODEL_DIR)
-	$(PY) -m benchmarks.engine.bench_scheduler --model $(MODEL_DIR)
+	$(PY) -m pagedserve.benchmarks.engine.bench_decode --model $(MODEL_DIR)
+	$(PY) -m pagedserve.benchmarks.engine.bench_scheduler --model $(MODEL_DIR)
 
 # Serving benchmarks against live servers on free local ports; results, plots and summaries go to BENCH_OUT.
 # `make bench`: pagedserve with the standard suite (random and shared-prefix, EOS suppressed) at BENCH_CONCURRENCIES.
@@ -119,7 +119,7 @@ BENCH_PEER_CONCURRENCIES ?= 1,4,16
 BENCH_PEER_OWN_CONCURRENCIES ?= 64
 BENCH_PEER_MIN_PROMPTS ?= 4
 BENCH_ARGS ?=
-BENCH_RUN := $(PY) -m benchmarks.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
+BENCH_RUN := $(PY) -m pagedserve.benchmarks.peers --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT) \
 	--num-prompts $(BENCH_NUM_PROMPTS) --prompts-per-concurrency $(BENCH_PROMPTS_PER_CONCURRENCY)
 
 bench: model
@@ -141,21 +141,21 @@ bench-llama: model
 # process): `pagedserve serve` on free ports, one stream at a time; LATENCY_ARGS e.g. --serve-args "--async-scheduling false".
 LATENCY_ARGS ?=
 bench-latency: model
-	$(PY) -m benchmarks.latency --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
+	$(PY) -m pagedserve.benchmarks.latency --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/latency.json $(LATENCY_ARGS)
 
 # Structured outputs: output tok/s at 16 streams with every second request under a JSON schema vs none, rounds
 # alternating on one `pagedserve serve` (docs/structured-outputs.md); exits 1 below 0.85x. STRUCTURED_ARGS: e.g.
 # --rounds 3 --num-prompts 48.
 STRUCTURED_ARGS ?=
 bench-structured: model
-	$(PY) -m benchmarks.structured --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/structured.json $(STRUCTURED_ARGS)
+	$(PY) -m pagedserve.benchmarks.structured --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/structured.json $(STRUCTURED_ARGS)
 
 # The price of --batch-invariant: default vs batch-invariant servers at 1, 16 and 64 streams, rounds alternating
 # (64-token outputs, 2 rounds: minutes on 2 cores); table in BENCH_OUT/batch-invariant.md
 # (docs/batch-invariance.md). BATCH_INVARIANT_ARGS: e.g. --rounds 3 --output-len 300.
 BATCH_INVARIANT_ARGS ?=
 bench-batch-invariant: model
-	$(PY) -m benchmarks.batch_invariant --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/batch-invariant.json \
+	$(PY) -m pagedserve.benchmarks.batch_invariant --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/batch-invariant.json \
 		--log-dir $(BENCH_OUT)/logs $(BATCH_INVARIANT_ARGS)
 
 # Routing over replicas: the router's own cost in process (p99 target 1 ms at 8 replicas, 1,000-token prompts),
@@ -164,8 +164,8 @@ bench-batch-invariant: model
 # the target only after the comparison has run (on a busy machine the wall-clock p99 counts time off the CPU).
 ROUTING_ARGS ?=
 bench-routing: model redis-server
-	$(PY) -m benchmarks.routing.bench_router; rc=$$?; \
-	$(PY) -m benchmarks.routing.compare --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT)/routing $(ROUTING_ARGS) \
+	$(PY) -m pagedserve.benchmarks.routing.bench_router; rc=$$?; \
+	$(PY) -m pagedserve.benchmarks.routing.compare --model-dir $(MODEL_DIR) --out-dir $(BENCH_OUT)/routing $(ROUTING_ARGS) \
 		&& exit $$rc
 
 # Overload (docs/faults.md): short streamed requests at 4x the measured capacity for 60 s on `pagedserve serve`;
@@ -176,18 +176,18 @@ bench-routing: model redis-server
 OVERLOAD_ARGS ?= --serve-arg=--max-queue-wait-s=0.05 --serve-arg=--max-num-seqs=4
 bench-overload: model
 	mkdir -p $(BENCH_OUT)
-	$(PY) -m benchmarks.overload --serve $(MODEL_DIR) --duration-s 60 --multiple 4 --out $(BENCH_OUT)/overload.json \
+	$(PY) -m pagedserve.benchmarks.overload --serve $(MODEL_DIR) --duration-s 60 --multiple 4 --out $(BENCH_OUT)/overload.json \
 		$(OVERLOAD_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)
-	$(PY) -m benchmarks.peers.llama_build --peers-dir .peers
+	$(PY) -m pagedserve.benchmarks.peers.llama_build --peers-dir .peers
 
 # On a CUDA machine (< 5 min): tests/kernels compiled natively, the engine's triton check, decode/prefill vs SDPA.
 # The one device script (docs/gpu.md), at most 8 minutes; results in $$OUT/results.json (else ./gpu-check-results.json).
 # Uses the machine's own python (the local venv's torch is CPU-only): `make gpu-check PYTHON=/path/to/python`.
 gpu-check:
-	$(PYTHON) -m benchmarks.device
+	$(PYTHON) -m pagedserve.benchmarks.device
 
 clean:
 	rm -rf $(VENV) models bench-results

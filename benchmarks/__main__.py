@@ -1,3 +1,3 @@
-from benchmarks.cli import main
+from pagedserve.benchmarks.cli import main
 
 raise SystemExit(main())

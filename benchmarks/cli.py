@@ -8,13 +8,13 @@ from pathlib import Path
 
 import uvloop
 
-from benchmarks.cli_config import serve_config_from_args
-from benchmarks.compare import run_compare
-from benchmarks.datasets import DATASET_NAMES, SYNTHETIC_DATASETS
-from benchmarks.metrics import LATENCY_METRICS
-from benchmarks.payload import BACKEND_ALIASES, DEFAULT_ENDPOINTS, EOS_SUPPRESSIONS
-from benchmarks.report import run_table, save_result, sweep_table
-from benchmarks.serve import run_serve
+from pagedserve.benchmarks.cli_config import serve_config_from_args
+from pagedserve.benchmarks.compare import run_compare
+from pagedserve.benchmarks.datasets import DATASET_NAMES, SYNTHETIC_DATASETS
+from pagedserve.benchmarks.metrics import LATENCY_METRICS
+from pagedserve.benchmarks.payload import BACKEND_ALIASES, DEFAULT_ENDPOINTS, EOS_SUPPRESSIONS
+from pagedserve.benchmarks.report import run_table, save_result, sweep_table
+from pagedserve.benchmarks.serve import run_serve
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -152,7 +152,7 @@ def _serve(args: argparse.Namespace) -> int:
         save_result(result, path)
         print(f"result: {path}")
     if args.plot:
-        from benchmarks.plots import write_plots
+        from pagedserve.benchmarks.plots import write_plots
 
         for path in write_plots(result, out_dir, stem):
             print(f"plot: {path}")

@@ -6,13 +6,13 @@ import math
 import os
 from pathlib import Path
 
-from benchmarks.datasets import SYNTHETIC_DATASETS, DatasetConfig
-from benchmarks.load import LoadPoint, parse_sweep
-from benchmarks.metrics import MetricsConfig
-from benchmarks.payload import BACKEND_ALIASES, EndpointConfig
-from benchmarks.runner import RunOptions
-from benchmarks.serve import ServeConfig
-from benchmarks.tokenizer import BenchTokenizer, load_tokenizer
+from pagedserve.benchmarks.datasets import SYNTHETIC_DATASETS, DatasetConfig
+from pagedserve.benchmarks.load import LoadPoint, parse_sweep
+from pagedserve.benchmarks.metrics import MetricsConfig
+from pagedserve.benchmarks.payload import BACKEND_ALIASES, EndpointConfig
+from pagedserve.benchmarks.runner import RunOptions
+from pagedserve.benchmarks.serve import ServeConfig
+from pagedserve.benchmarks.tokenizer import BenchTokenizer, load_tokenizer
 
 
 def serve_config_from_args(args: argparse.Namespace) -> tuple[ServeConfig, BenchTokenizer | None]:
@@ -49,7 +49,7 @@ def _endpoint(args: argparse.Namespace, tokenizer: BenchTokenizer | None) -> End
         raise ValueError("--constrained-body must be a JSON object")
     return EndpointConfig(
         base_url=args.base_url or f"http://{args.host}:{args.port}",
-        model=args.model or "",  # "": the server's first model (benchmarks.discovery)
+        model=args.model or "",  # "": the server's first model (pagedserve.benchmarks.discovery)
         endpoint_type=BACKEND_ALIASES.get(args.endpoint_type, args.endpoint_type),
         endpoint=args.endpoint,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),

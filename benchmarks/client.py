@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EndpointConfig, build_payload
-from benchmarks.records import RequestRecord
+from pagedserve.benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.payload import EndpointConfig, build_payload
+from pagedserve.benchmarks.records import RequestRecord
 
 _MAX_ERROR_BODY_CHARS = 500
 _READ_BUFFER_BYTES = 2**20  # an SSE line may be this long (a chunk with many logprobs)

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from benchmarks.report import load_result
+from pagedserve.benchmarks.report import load_result
 
 _SERVER_KEYS = ("prefix_cache_hit_rate", "num_preemptions", "kv_cache_usage_peak")
 _SKIPPED = ("num_requests", "failures")
@@ -79,7 +79,7 @@ def run_compare(paths: list[str], plot_path: str | None = None) -> str:
     results = [load_result(path) for path in paths]
     names = result_names(paths, results)
     if plot_path:
-        from benchmarks.plots import plot_latency_vs_load
+        from pagedserve.benchmarks.plots import plot_latency_vs_load
 
         plot_latency_vs_load(dict(zip(names, results, strict=True)), Path(plot_path))
     return "\n".join([*contract_differences(names, results), compare_table(names, results)])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 _NAMES = ("total", "count", "price", "weight", "score", "offset", "limit", "ratio", "index", "budget", "margin",
           "length", "height", "width", "depth", "speed", "delay", "quota", "level", "bonus")

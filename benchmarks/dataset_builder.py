@@ -3,8 +3,8 @@
 
 import numpy as np
 
-from benchmarks.dataset_files import load_custom, load_sharegpt
-from benchmarks.datasets import (
+from pagedserve.benchmarks.dataset_files import load_custom, load_sharegpt
+from pagedserve.benchmarks.datasets import (
     SYNTHETIC_DATASETS,
     BenchRequest,
     DatasetConfig,
@@ -12,8 +12,8 @@ from benchmarks.datasets import (
     build_random,
     build_shared_prefix,
 )
-from benchmarks.prompts import TokenPool
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.prompts import TokenPool
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 
 def build_dataset(cfg: DatasetConfig, tokenizer: BenchTokenizer | None, seed: int) -> list[BenchRequest]:

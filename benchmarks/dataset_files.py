@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.datasets import BenchRequest, DatasetConfig
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.datasets import BenchRequest, DatasetConfig
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 # vllm bench's ShareGPT filter: drop tiny turns and turns too long for small-context models.
 _MIN_TOKENS = 4

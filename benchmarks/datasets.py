@@ -7,9 +7,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from benchmarks.copy_heavy import copy_heavy_prompts
-from benchmarks.prompts import TokenPool, exact_text, random_text
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.copy_heavy import copy_heavy_prompts
+from pagedserve.benchmarks.prompts import TokenPool, exact_text, random_text
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 DATASET_NAMES = ("random", "shared-prefix", "copy-heavy", "sharegpt", "custom")
 # Made-up prompts: a model's answer to them may end at once (EOS), so the bench suppresses EOS for these by

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.detokenize_cpu`: the gateway's detokenization CPU per token, one token at a time.
+"""`python -m pagedserve.benchmarks.detokenize_cpu`: the gateway's detokenization CPU per token, one token at a time.
 
 Streams a few thousand tokens of mixed text (the repo's docs, plus accented, CJK and emoji lines) through the
 gateway's IncrementalDetokenizer in requests of --request-tokens, the way a stream feeds it, and reports the CPU time
@@ -15,8 +15,8 @@ import statistics
 import time
 from pathlib import Path
 
-from services.gateway.text.detokenizer import IncrementalDetokenizer
-from services.gateway.text.tokenizer import PromptTokenizer
+from pagedserve.services.gateway.text.detokenizer import IncrementalDetokenizer
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
 
 MIXED = ("Les élèves ont répondu: « oui » — Ça va? 東京は日本の首都です。 Привет, мир! 🙂👍 naïve café\n")
 
@@ -65,7 +65,8 @@ def one_round(cls: type, tokenizer: PromptTokenizer, ids: list[int], bounds: lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.detokenize_cpu", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.detokenize_cpu",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--num-tokens", type=int, default=4000)
     p.add_argument("--request-tokens", type=int, default=500, help="tokens per request (a fresh detokenizer each)")

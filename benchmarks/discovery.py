@@ -8,8 +8,8 @@ a folder on this machine (pagedserve reports its model folder's absolute path th
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks.payload import EndpointConfig, check_eos_suppression
-from benchmarks.tokenizer import BenchTokenizer, load_tokenizer
+from pagedserve.benchmarks.payload import EndpointConfig, check_eos_suppression
+from pagedserve.benchmarks.tokenizer import BenchTokenizer, load_tokenizer
 
 
 def resolve_model(endpoint: EndpointConfig, server: dict) -> EndpointConfig:

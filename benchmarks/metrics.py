@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from benchmarks.records import RequestRecord
+from pagedserve.benchmarks.records import RequestRecord
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 SLO_METRICS = ("ttft", "tpot", "e2el")

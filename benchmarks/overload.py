@@ -3,9 +3,9 @@
 Every request must end as a 200 or as a 429 with a Retry-After; none may hang or get a 5xx; the services' memory
 must stay bounded; and the accepted requests' median time to first token is compared with the unloaded one.
 
-    python -m benchmarks.overload --base-url http://127.0.0.1:8000 --duration-s 60 --multiple 4 \
+    python -m pagedserve.benchmarks.overload --base-url http://127.0.0.1:8000 --duration-s 60 --multiple 4 \
         --pid scheduler=1234 --pid gateway=1235 --out overload.json
-    python -m benchmarks.overload --serve models/SmolLM2-135M-Instruct --serve-arg=--max-queue-wait-s=0.5
+    python -m pagedserve.benchmarks.overload --serve models/SmolLM2-135M-Instruct --serve-arg=--max-queue-wait-s=0.5
         (starts `pagedserve serve` on free ports, follows its services' memory, stops it at the end)
 
 With the scheduler's /metrics (`--metrics-url`, or the port `--serve` gives it) the report also splits the accepted
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import aiohttp
 
-from benchmarks.prometheus import Samples, scrape
-from services.ports import free_port
+from pagedserve.benchmarks.prometheus import Samples, scrape
+from pagedserve.services.ports import free_port
 
 SHORT_PROMPTS = ["Name a color.", "What is two plus two?", "Say hello in French.", "Name a fruit.",
                  "What day comes after Monday?", "Name a planet.", "Give me a word that rhymes with cat.",
@@ -253,8 +253,9 @@ def _service_pids(launcher_pid: int) -> dict[str, int]:
     children = Path(f"/proc/{launcher_pid}/task/{launcher_pid}/children").read_text().split()
     for pid in map(int, children):
         cmdline = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-        for name, module in (("worker", "services.gpu_worker"), ("scheduler", "services.scheduler"),
-                             ("gateway", "services.gateway")):
+        for name, module in (("worker", "pagedserve.services.gpu_worker"),
+                             ("scheduler", "pagedserve.services.scheduler"),
+                             ("gateway", "pagedserve.services.gateway")):
             if module in cmdline:
                 pids[name] = pid
     return pids
@@ -264,7 +265,8 @@ def _serve(model_dir: str, args: list[str]) -> tuple[subprocess.Popen, str, dict
     """`pagedserve serve` on free ports, once /health says 200: (process, base URL, service pids, the scheduler's
     metrics URL)."""
     port, metrics_port = free_port(), free_port()
-    process = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", model_dir, "--port", str(port),
+    process = subprocess.Popen([sys.executable, "-m", "pagedserve.services.cli", "serve", model_dir, "--port",
+                                str(port),
                                 "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
                                 "--metrics-port", str(metrics_port), *args],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -282,7 +284,8 @@ def _serve(model_dir: str, args: list[str]) -> tuple[subprocess.Popen, str, dict
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.overload", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.overload",
+                                     description=__doc__.splitlines()[0])
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--base-url", help="a running server")
     target.add_argument("--serve", metavar="MODEL_DIR", help="start `pagedserve serve MODEL_DIR` for the run")

@@ -3,7 +3,7 @@
 import math
 from dataclasses import dataclass, field, replace
 
-from benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.datasets import BenchRequest
 
 DEFAULT_ENDPOINTS = {"openai-chat": "/v1/chat/completions", "openai-completions": "/v1/completions"}
 # vllm bench's --backend names that mean the same thing as ours.

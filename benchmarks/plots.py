@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.metrics import LATENCY_METRICS, latency_percentiles_ms, latency_samples_ms
-from benchmarks.report import run_records
+from pagedserve.benchmarks.metrics import LATENCY_METRICS, latency_percentiles_ms, latency_samples_ms
+from pagedserve.benchmarks.report import run_records
 
 _PERCENTILES = (50.0, 90.0, 99.0)
 _STYLES = {"p50": ("-", "o"), "p90": ("--", "s"), "p99": (":", "^")}  # line style, marker

@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import aiohttp
 
-from benchmarks.client import HttpError, get, send_request
-from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EOS_NOT_SUPPRESSED, EndpointConfig
-from benchmarks.records import RequestRecord
+from pagedserve.benchmarks.client import HttpError, get, send_request
+from pagedserve.benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.payload import EOS_NOT_SUPPRESSED, EndpointConfig
+from pagedserve.benchmarks.records import RequestRecord
 
 _PROBE = BenchRequest("Say hello.", None, 2)
 _VERSION_HEADERS = ("server", "x-server-version", "x-powered-by")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.client import HttpError, get
+from pagedserve.benchmarks.client import HttpError, get
 
 # Matched against metric names with ':' read as '_', so one pattern covers pagedserve_*, vllm:* and llamacpp:*.
 # When several names match, the shortest wins (vllm:prefix_cache_hits_total over vllm:external_prefix_cache_...).

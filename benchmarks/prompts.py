@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 # Single tokens that decode to " word": joined, they re-tokenise to the same ids in byte-level BPE vocabularies.
 _WORD_TOKEN = re.compile(r"^ [a-z]{3,10}$")

@@ -4,10 +4,10 @@ import json
 import math
 from pathlib import Path
 
-from benchmarks.load import offered_load
-from benchmarks.metrics import LATENCY_METRICS, latency_percentiles_ms
-from benchmarks.records import RequestRecord
-from benchmarks.runner import RunResult
+from pagedserve.benchmarks.load import offered_load
+from pagedserve.benchmarks.metrics import LATENCY_METRICS, latency_percentiles_ms
+from pagedserve.benchmarks.records import RequestRecord
+from pagedserve.benchmarks.runner import RunResult
 
 _WIDTH = 60
 _NAMES = {

@@ -11,13 +11,13 @@ import aiohttp
 import numpy as np
 from tqdm import tqdm
 
-from benchmarks.client import send_request
-from benchmarks.datasets import BenchRequest
-from benchmarks.load import LoadPoint, arrival_offsets_s
-from benchmarks.metrics import MetricsConfig, compute_metrics
-from benchmarks.payload import EndpointConfig
-from benchmarks.prometheus import MetricsWatcher
-from benchmarks.records import RequestRecord
+from pagedserve.benchmarks.client import send_request
+from pagedserve.benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.load import LoadPoint, arrival_offsets_s
+from pagedserve.benchmarks.metrics import MetricsConfig, compute_metrics
+from pagedserve.benchmarks.payload import EndpointConfig
+from pagedserve.benchmarks.prometheus import MetricsWatcher
+from pagedserve.benchmarks.records import RequestRecord
 
 
 @dataclass

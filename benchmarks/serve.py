@@ -6,17 +6,17 @@ from datetime import UTC, datetime
 
 import aiohttp
 
-from benchmarks.client import make_http_client
-from benchmarks.contract import machine_info
-from benchmarks.dataset_builder import build_dataset
-from benchmarks.datasets import DatasetConfig
-from benchmarks.discovery import resolve
-from benchmarks.load import LoadPoint
-from benchmarks.payload import EndpointConfig, mark_constrained
-from benchmarks.probe import resolve_eos_suppression, server_info
-from benchmarks.report import run_to_dict
-from benchmarks.runner import RunOptions, run_point, run_warmups
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.client import make_http_client
+from pagedserve.benchmarks.contract import machine_info
+from pagedserve.benchmarks.dataset_builder import build_dataset
+from pagedserve.benchmarks.datasets import DatasetConfig
+from pagedserve.benchmarks.discovery import resolve
+from pagedserve.benchmarks.load import LoadPoint
+from pagedserve.benchmarks.payload import EndpointConfig, mark_constrained
+from pagedserve.benchmarks.probe import resolve_eos_suppression, server_info
+from pagedserve.benchmarks.report import run_to_dict
+from pagedserve.benchmarks.runner import RunOptions, run_point, run_warmups
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 SCHEMA_VERSION = 1
 

@@ -1,6 +1,6 @@
 """The standard suite (issue 5): random and shared-prefix workloads, EOS suppressed, swept over concurrency.
 
-    python -m benchmarks.suite --base-url URL --model NAME --label pagedserve --out-dir bench-results/
+    python -m pagedserve.benchmarks.suite --base-url URL --model NAME --label pagedserve --out-dir bench-results/
 
 Writes <label>-<workload>.json and PNG plots per workload, and <label>-summary.txt with one sweep table each.
 Flags it does not know are passed to every `serve` (e.g. --api-key, --endpoint, --extra-body).
@@ -10,8 +10,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.cli import main as bench_main
-from benchmarks.report import load_result, sweep_table
+from pagedserve.benchmarks.cli import main as bench_main
+from pagedserve.benchmarks.report import load_result, sweep_table
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ WORKLOADS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.suite", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.suite", description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--label", required=True, help="names the result files, e.g. pagedserve or vllm")

@@ -32,7 +32,7 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
                    ) -> torch.Tensor:
     """norm(x) * weight for x [T, D] (rows may be strided, columns contiguous), a new tensor. With `residual`
     [T, D]: residual += x in place first (rounded to x's dtype), and the sum is normalised: the contract of
-    services.gpu_worker.layers.norm.rms_norm, in one launch."""
+    pagedserve.services.gpu_worker.layers.norm.rms_norm, in one launch."""
     num_rows, num_cols = x.shape
     assert x.stride(1) == 1 and weight.shape == (num_cols,) and weight.is_contiguous()
     if residual is not None:

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tile_dot import needs_fp32_dot, tile_dot
+from pagedserve.kernels.tile_dot import needs_fp32_dot, tile_dot
 
 LOG2E = math.log2(math.e)
 MIN_PARTITION = 256  # tokens; below this a split's fixed cost outweighs the parallelism it adds

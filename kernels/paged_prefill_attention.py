@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.tile_dot import needs_fp32_dot, tile_dot
+from pagedserve.kernels.tile_dot import needs_fp32_dot, tile_dot
 
 LOG2E = math.log2(math.e)
 

@@ -33,7 +33,7 @@ def rotary_in_place(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: to
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q [T, Hq, D] and k [T, Hkv, D] (strided rows and heads, contiguous last dim; views of one qkv
     tensor are fine) in place by cos, sin [T, 1, D/2] (or [T, D/2]); returns (q, k) themselves: the
-    contract of services.gpu_worker.layers.rotary.apply_rotary, with the inputs overwritten."""
+    contract of pagedserve.services.gpu_worker.layers.rotary.apply_rotary, with the inputs overwritten."""
     num_tokens, num_q_heads, head_dim = q.shape
     half = head_dim // 2
     cos, sin = cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1)

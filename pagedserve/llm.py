@@ -6,12 +6,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from pagedserve.llm_engine import LLMEngine
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import TokenLogprobs
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 Prompt = str | list[int]
 

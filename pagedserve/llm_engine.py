@@ -7,10 +7,10 @@ forward), so the offline engine exercises the same protocol on the real model, d
 
 from __future__ import annotations
 
-from services.gpu_worker.worker import PendingStep, Worker
-from services.scheduler.scheduler import Scheduler, SchedulerOutput
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest, RequestOutput
+from pagedserve.services.gpu_worker.worker import PendingStep, Worker
+from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerOutput
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest, RequestOutput
 
 
 class LLMEngine:

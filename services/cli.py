@@ -8,11 +8,12 @@ from collections.abc import Sequence
 
 # command -> (module with main(argv, prog), one-line description)
 COMMANDS = {
-    "serve": ("services.launcher", "start worker, scheduler and gateway for MODEL_DIR (the one command)"),
-    "gateway": ("services.gateway.__main__", "the OpenAI-compatible HTTP gateway"),
-    "scheduler": ("services.scheduler.__main__", "the scheduler (continuous batching, KV blocks, prefix cache)"),
-    "worker": ("services.gpu_worker.__main__", "the gpu-worker (model and paged KV cache on one device)"),
-    "bench": ("benchmarks.cli", "benchmark an OpenAI-compatible server"),
+    "serve": ("pagedserve.services.launcher", "start worker, scheduler and gateway for MODEL_DIR (the one command)"),
+    "gateway": ("pagedserve.services.gateway.__main__", "the OpenAI-compatible HTTP gateway"),
+    "scheduler": ("pagedserve.services.scheduler.__main__",
+                  "the scheduler (continuous batching, KV blocks, prefix cache)"),
+    "worker": ("pagedserve.services.gpu_worker.__main__", "the gpu-worker (model and paged KV cache on one device)"),
+    "bench": ("pagedserve.benchmarks.cli", "benchmark an OpenAI-compatible server"),
 }
 
 

@@ -37,13 +37,13 @@ class RequestFailed(RuntimeError):
 
 
 _CODES = {
-    "shared.sampling_params.SamplingParamsError": grpc.StatusCode.INVALID_ARGUMENT,
-    "services.scheduler.scheduler.RequestRejected": grpc.StatusCode.INVALID_ARGUMENT,
-    "services.grpc_errors.ServiceNotReady": grpc.StatusCode.UNAVAILABLE,
-    "services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
-    "services.grpc_errors.RequestFailed": grpc.StatusCode.INTERNAL,
-    "services.scheduler.admission.Overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "shared.grammar_cache.GrammarError": grpc.StatusCode.INVALID_ARGUMENT,
+    "pagedserve.shared.sampling_params.SamplingParamsError": grpc.StatusCode.INVALID_ARGUMENT,
+    "pagedserve.services.scheduler.scheduler.RequestRejected": grpc.StatusCode.INVALID_ARGUMENT,
+    "pagedserve.services.grpc_errors.ServiceNotReady": grpc.StatusCode.UNAVAILABLE,
+    "pagedserve.services.grpc_errors.WorkerUnavailable": grpc.StatusCode.UNAVAILABLE,
+    "pagedserve.services.grpc_errors.RequestFailed": grpc.StatusCode.INTERNAL,
+    "pagedserve.services.scheduler.admission.Overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
+    "pagedserve.shared.grammar_cache.GrammarError": grpc.StatusCode.INVALID_ARGUMENT,
 }
 
 

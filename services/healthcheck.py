@@ -1,4 +1,5 @@
-"""`python -m services.healthcheck grpc HOST:PORT [--service NAME]` or `... http URL`: exit 0 when the service
+"""`python -m pagedserve.services.healthcheck grpc HOST:PORT [--service NAME]` or `... http URL`: exit 0 when the
+service
 reports itself healthy (gRPC health SERVING, or HTTP 200), 1 otherwise. For container health checks
 (docker-compose.yml); on Kubernetes the kubelet's own gRPC and HTTP probes do the same.
 
@@ -19,8 +20,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.internal_tls import InternalTLSConfig, sync_channel
-from shared.default_model import is_complete
+from pagedserve.services.internal_tls import InternalTLSConfig, sync_channel
+from pagedserve.shared.default_model import is_complete
 
 
 def grpc_serving(address: str, timeout_s: float, service: str = "", tls: InternalTLSConfig | None = None) -> bool:
@@ -69,7 +70,8 @@ def _answers(address: str, timeout_s: float) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pagedserve.services.healthcheck",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=("grpc", "http", "model"))
     parser.add_argument("target", help="HOST:PORT (grpc), URL (http) or a model folder (model)")
     parser.add_argument("--timeout-s", type=float, default=3.0)

@@ -25,20 +25,20 @@ from typing import IO
 
 import httpx
 
-from services.healthcheck import grpc_serving
-from services.ports import PortInUseError, free_port, port_is_free
-from services.serve_config import (
+from pagedserve.services.healthcheck import grpc_serving
+from pagedserve.services.ports import PortInUseError, free_port, port_is_free
+from pagedserve.services.serve_config import (
     INTERNAL_HOST,
     ServeConfig,
     child_environment,
     parse_serve_config,
     with_ports,
 )
-from services.serve_replicas import child_plans, replica_configs
-from shared.cli_config import flag_name
-from shared.drain_timing import CUT_GRACE_S
-from shared.gguf_folder import served_folder
-from shared.model_dir import model_dir_problem
+from pagedserve.services.serve_replicas import child_plans, replica_configs
+from pagedserve.shared.cli_config import flag_name
+from pagedserve.shared.drain_timing import CUT_GRACE_S
+from pagedserve.shared.gguf_folder import served_folder
+from pagedserve.shared.model_dir import model_dir_problem
 
 _PR_SET_PDEATHSIG = 1
 SCHEDULER_SERVICE = "pagedserve.v1.SchedulerService"  # its gRPC health name for readiness

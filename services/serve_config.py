@@ -17,10 +17,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import (
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import (
     ConfigError,
     ConfigHelpFormatter,
     add_config_arguments,
@@ -33,9 +33,10 @@ from shared.cli_config import (
 
 # name -> (config class, module run with `python -m`, help group title); children start in this order
 SERVICES: dict[str, tuple[type, str, str]] = {
-    "worker": (WorkerServiceConfig, "services.gpu_worker", "worker: model, KV cache, device"),
-    "scheduler": (SchedulerServiceConfig, "services.scheduler", "scheduler: batching, KV blocks, prefix cache, Redis"),
-    "gateway": (GatewayConfig, "services.gateway", "gateway: HTTP, OpenAI API, tokenizer, chat template"),
+    "worker": (WorkerServiceConfig, "pagedserve.services.gpu_worker", "worker: model, KV cache, device"),
+    "scheduler": (SchedulerServiceConfig, "pagedserve.services.scheduler",
+                  "scheduler: batching, KV blocks, prefix cache, Redis"),
+    "gateway": (GatewayConfig, "pagedserve.services.gateway", "gateway: HTTP, OpenAI API, tokenizer, chat template"),
 }
 INTERNAL_HOST = "127.0.0.1"  # the worker's and the scheduler's gRPC servers listen here under `serve`
 # Fields the launcher sets itself: where the internal servers listen and how the services find each other.

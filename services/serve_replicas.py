@@ -14,8 +14,8 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.ports import free_port, port_is_free
-from services.serve_config import INTERNAL_HOST, SERVICES, ServeConfig, child_command, with_ports
+from pagedserve.services.ports import free_port, port_is_free
+from pagedserve.services.serve_config import INTERNAL_HOST, SERVICES, ServeConfig, child_command, with_ports
 
 REPLICA_SERVICES = ("worker", "scheduler")
 

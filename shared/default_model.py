@@ -2,8 +2,9 @@
 and write it out as a plain Hugging Face folder: config.json, generation_config.json, tokenizer files and
 model.safetensors. Idempotent: a folder that is already complete is left alone.
 
-Usage: python -m shared.default_model [--out models/SmolLM2-135M-Instruct]
-       python -m shared.default_model --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf  (the GGUF file alone, which
+Usage: python -m pagedserve.shared.default_model [--out models/SmolLM2-135M-Instruct]
+       python -m pagedserve.shared.default_model --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf
+       (the GGUF file alone, which
        `pagedserve serve` serves as it is: docs/models.md)
 """
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 log = logging.getLogger(__name__)
 MAX_CACHED_BYTES = 512 * 1024**2  # compiled grammars kept for reuse (live matchers keep theirs alive regardless)

@@ -6,8 +6,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import FailedRequest, TokenLogprobs
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import FailedRequest, TokenLogprobs
 
 
 class FinishReason(enum.Enum):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.sampling_bounds import NUMBER_RANGES
-from shared.structured_output import StructuredOutput
+from pagedserve.shared.sampling_bounds import NUMBER_RANGES
+from pagedserve.shared.structured_output import StructuredOutput
 
 # Widths of the wire fields (proto/pagedserve/v1/common.proto) these values travel in: a value past them cannot be
 # sent, so it is refused here, where it becomes a 400 naming the field, instead of failing the protobuf encoder.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.sampling_params import SamplingParams
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 @dataclass

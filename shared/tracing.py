@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Status, StatusCode
 
-from shared.sampling_params import SamplingParams
+from pagedserve.shared.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource

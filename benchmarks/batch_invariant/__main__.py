@@ -1,7 +1,9 @@
-"""`python -m benchmarks.batch_invariant`: the price of `--batch-invariant`, against the default, through the services.
+"""`python -m pagedserve.benchmarks.batch_invariant`: the price of `--batch-invariant`, against the default, through the
+services.
 
 Starts two `pagedserve serve MODEL_DIR` on free ports, one with `--batch-invariant`, and runs the bench
-(`benchmarks.cli serve`: random prompts, EOS suppressed) at each stream count in alternating rounds: per round and
+(`pagedserve.benchmarks.cli serve`: random prompts, EOS suppressed) at each stream count in alternating rounds: per
+round and
 stream count, one mode then the other (the order flips every round), with the same prompts for both, so that both
 see the same machine load. Only one server is busy at a time. Writes a JSON summary and a markdown table (output
 tok/s over all rounds, the median of the rounds' ITL medians, invariant/default ratios) with the machine's load
@@ -20,13 +22,14 @@ from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchmarks.batch_invariant.summary import MODES, cell, table
-from benchmarks.cli import main as bench_main
-from benchmarks.peers.process import ServerProcess, local_pagedserve_spec
+from pagedserve.benchmarks.batch_invariant.summary import MODES, cell, table
+from pagedserve.benchmarks.cli import main as bench_main
+from pagedserve.benchmarks.peers.process import ServerProcess, local_pagedserve_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.batch_invariant", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.batch_invariant",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--streams", default="1,16,64", help="comma list of concurrent streams")
     p.add_argument("--prompts-per-stream", type=int, default=1, help="requests per round: streams x this")

@@ -19,7 +19,7 @@ class Cell:
 
 
 def cell(rounds: list[dict]) -> Cell:
-    """Rounds' metrics (benchmarks.metrics.compute_metrics documents) -> their Cell."""
+    """Rounds' metrics (pagedserve.benchmarks.metrics.compute_metrics documents) -> their Cell."""
     tokens = sum(m["total_output_tokens"] for m in rounds)
     seconds = sum(m["duration_s"] for m in rounds)
     medians = [m["median_itl_ms"] for m in rounds if m.get("median_itl_ms") is not None]

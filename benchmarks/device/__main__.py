@@ -1,5 +1,5 @@
 import sys
 
-from benchmarks.device.check import main
+from pagedserve.benchmarks.device.check import main
 
 sys.exit(main())

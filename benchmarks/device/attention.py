@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from benchmarks.device.context import Section
-from benchmarks.device.timing import Timing, l2_bytes, num_buffer_sets, time_calls
+from pagedserve.benchmarks.device.context import Section
+from pagedserve.benchmarks.device.timing import Timing, l2_bytes, num_buffer_sets, time_calls
 
 # Scaled error vs SDPA: both round P and the output to bf16 (u = 2**-8), bounded by ~9u for randn values.
 MAX_BF16_ERR = 8 * 2**-8
@@ -85,8 +85,8 @@ def _sdpa(backend: SDPBackend, s: BufferSet, causal: bool) -> Callable[[], torch
 
 
 def _triton(kind: str, s: BufferSet, context: int, scale: float) -> Callable[[], torch.Tensor]:
-    from kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
-    from kernels.paged_prefill_attention import paged_prefill_attention
+    from pagedserve.kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
+    from pagedserve.kernels.paged_prefill_attention import paged_prefill_attention
 
     if kind == "decode":
         batch, num_heads, head_dim = s.query.shape

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.device [--cpu-dry-run] [--results PATH] [--budget-s S]`: issue 38's device checks.
+"""`python -m pagedserve.benchmarks.device [--cpu-dry-run] [--results PATH] [--budget-s S]`: issue 38's device checks.
 
 Sections run in priority order, each in a time box (a section stops starting items when its box is spent; a
 SIGALRM a little after it stops one stuck inside an item), each printing its rows and rewriting the results file
@@ -30,7 +30,7 @@ class SectionTimeout(Exception):
 
 def _sections() -> list[tuple[str, Callable, float, float]]:
     """(name, run, box on cuda in s, box in a dry run in s), in priority order; imported after the env is set."""
-    from benchmarks.device import attention, engine, environment, fused, hf_baseline, smoke, targets
+    from pagedserve.benchmarks.device import attention, engine, environment, fused, hf_baseline, smoke, targets
 
     return [
         ("environment", environment.run, 25, 4),
@@ -45,7 +45,7 @@ def _sections() -> list[tuple[str, Callable, float, float]]:
 
 def run_section(state, name: str, run: Callable, box_s: float, grace_s: float) -> None:
     """Run one section in its box; its status lands in the results whatever happens inside it."""
-    from benchmarks.device.context import Section
+    from pagedserve.benchmarks.device.context import Section
 
     record = state.results.section(name, box_s)
     print(f"\n== {name} (box {box_s:.0f} s)", flush=True)
@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITON_INTERPRET"] = "1" if args.cpu_dry_run else "0"
     import torch
 
-    from benchmarks.device.context import RunState
-    from benchmarks.device.results import Results, default_results_path
+    from pagedserve.benchmarks.device.context import RunState
+    from pagedserve.benchmarks.device.results import Results, default_results_path
 
     if not args.cpu_dry_run and not torch.cuda.is_available():
-        print("benchmarks.device needs a CUDA device (or --cpu-dry-run)", file=sys.stderr)
+        print("pagedserve.benchmarks.device needs a CUDA device (or --cpu-dry-run)", file=sys.stderr)
         return 2
     device = torch.device("cpu" if args.cpu_dry_run else "cuda")
     results = Results(args.results or default_results_path(), "cpu-dry-run" if args.cpu_dry_run else "cuda")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.device.results import Results
+from pagedserve.benchmarks.device.results import Results
 
 SHAPES_DIR = Path(__file__).resolve().parent.parent / "shapes"
 

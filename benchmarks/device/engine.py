@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from benchmarks.device.context import SHAPES_DIR, Section
+from pagedserve.benchmarks.device.context import SHAPES_DIR, Section
 from pagedserve.llm_engine import LLMEngine
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 HBM_BYTES_PER_S = 4.8e12  # the issue's yardstick for a weight read (an H200's HBM3e)
 
@@ -72,7 +72,7 @@ class _GraphLog(logging.Handler):
 
 
 def build_engine(config: WorkerConfig, plan: Plan) -> tuple[LLMEngine, dict]:
-    handler, logger = _GraphLog(), logging.getLogger("services.gpu_worker")
+    handler, logger = _GraphLog(), logging.getLogger("pagedserve.services.gpu_worker")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)

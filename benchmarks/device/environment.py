@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from benchmarks.device.context import Section
+from pagedserve.benchmarks.device.context import Section
 
 
 def _versions() -> dict:
@@ -27,7 +27,7 @@ def _versions() -> dict:
 
 def capture_probe(device: torch.device) -> dict:
     """Capture silu-mul (Triton) and a GEMM in one graph, replay it on new inputs, compare with eager."""
-    from kernels.silu_and_mul import fused_silu_and_mul
+    from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
 
     gen = torch.Generator(device=device).manual_seed(0)
     weight = torch.randn(256, 128, generator=gen, device=device, dtype=torch.bfloat16)

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import torch
 
-from benchmarks.device.context import Section
-from benchmarks.device.timing import time_calls
-from services.gpu_worker.layers.activation import silu_and_mul
-from services.gpu_worker.layers.norm import rms_norm
-from services.gpu_worker.layers.rotary import apply_rotary
+from pagedserve.benchmarks.device.context import Section
+from pagedserve.benchmarks.device.timing import time_calls
+from pagedserve.services.gpu_worker.layers.activation import silu_and_mul
+from pagedserve.services.gpu_worker.layers.norm import rms_norm
+from pagedserve.services.gpu_worker.layers.rotary import apply_rotary
 
 WIDTHS = {"hidden": 2048, "q_heads": 32, "kv_heads": 8, "head_dim": 64, "mlp": 8192}
 TOY_WIDTHS = {"hidden": 64, "q_heads": 4, "kv_heads": 2, "head_dim": 16, "mlp": 96}
@@ -21,9 +21,9 @@ REPS = 50
 
 def _pairs(rows: int, w: dict, device: torch.device, dtype: torch.dtype) -> dict[str, tuple[Callable, Callable]]:
     """name -> (fused call, torch call) on the same inputs."""
-    from kernels.fused_rms_norm import fused_rms_norm
-    from kernels.rotary_embedding import rotary_in_place
-    from kernels.silu_and_mul import fused_silu_and_mul
+    from pagedserve.kernels.fused_rms_norm import fused_rms_norm
+    from pagedserve.kernels.rotary_embedding import rotary_in_place
+    from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
 
     gen = torch.Generator(device=device).manual_seed(rows)
 

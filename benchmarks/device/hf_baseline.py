@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
 
-from benchmarks.device.context import SHAPES_DIR, Section
+from pagedserve.benchmarks.device.context import SHAPES_DIR, Section
 
 SHAPE, DRY_SHAPE = "smollm2-135m", "toy-llama"
 BATCHES, DRY_BATCHES = (1, 64), (1, 2)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.device.context import Section
+from pagedserve.benchmarks.device.context import Section
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CUDA_SELECTION = [

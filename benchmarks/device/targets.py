@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.device.context import Section
-from benchmarks.device.results import Results
+from pagedserve.benchmarks.device.context import Section
+from pagedserve.benchmarks.device.results import Results
 
 Verdict = tuple[str, str]  # (the figure as measured, PASS | FAIL | NOT MEASURED: why)
 SMOL, ONE_B = "smollm2-135m", "llama-3.2-1b"

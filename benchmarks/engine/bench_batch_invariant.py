@@ -15,12 +15,12 @@ import argparse
 import statistics
 import time
 
-from benchmarks.engine.workloads import varied_questions
+from pagedserve.benchmarks.engine.workloads import varied_questions
 from pagedserve.llm import LLM
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 WARMUP_TOKENS = 4
 

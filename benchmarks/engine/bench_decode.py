@@ -14,10 +14,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedserve.llm import LLM
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 QUESTIONS = ["What is the capital of France?", "Explain photosynthesis.", "Write a poem about rain.",
              "How do airplanes fly?", "What is a prime number?", "Describe the water cycle.",

@@ -16,11 +16,11 @@ import time
 import torch
 from transformers import AutoTokenizer
 
-from services.gpu_worker.grammar import RequestGrammar
-from services.gpu_worker.grammar_mask import build_grammar_mask
-from services.gpu_worker.model_config import load_model_config
-from shared.grammar_cache import GrammarCache
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gpu_worker.grammar import RequestGrammar
+from pagedserve.services.gpu_worker.grammar_mask import build_grammar_mask
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.shared.grammar_cache import GrammarCache
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40}, "servings": {"type": "integer", "minimum": 1, "maximum": 12},

@@ -8,12 +8,12 @@ import argparse
 import time
 from dataclasses import dataclass
 
-from benchmarks.engine.workloads import POLICY_QUESTIONS, policy_system_prompt, varied_questions
+from pagedserve.benchmarks.engine.workloads import POLICY_QUESTIONS, policy_system_prompt, varied_questions
 from pagedserve.llm import LLM
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 @dataclass

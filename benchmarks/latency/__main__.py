@@ -1,4 +1,4 @@
-"""`python -m benchmarks.latency`: the per-token time breakdown of one stream (`make bench-latency`).
+"""`python -m pagedserve.benchmarks.latency`: the per-token time breakdown of one stream (`make bench-latency`).
 
 Starts `pagedserve serve MODEL_DIR` on free ports (extra flags with --serve-args, e.g. "--async-scheduling false"),
 streams --repeats completions of --num-tokens tokens one at a time after a warm-up, and prints where each token's
@@ -13,14 +13,14 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from benchmarks.latency import process_cpu
-from benchmarks.latency.breakdown import measure, summarize, to_json
-from benchmarks.latency.path_costs import path_costs
-from benchmarks.peers.process import ServerProcess, local_pagedserve_spec
+from pagedserve.benchmarks.latency import process_cpu
+from pagedserve.benchmarks.latency.breakdown import measure, summarize, to_json
+from pagedserve.benchmarks.latency.path_costs import path_costs
+from pagedserve.benchmarks.peers.process import ServerProcess, local_pagedserve_spec
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.latency", description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--num-tokens", type=int, default=256, help="output tokens per stream (EOS ignored)")
     p.add_argument("--repeats", type=int, default=3, help="streams measured, one after another")

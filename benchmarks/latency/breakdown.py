@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
-from benchmarks.latency import process_cpu
-from benchmarks.prometheus import parse_prometheus_text
+from pagedserve.benchmarks.latency import process_cpu
+from pagedserve.benchmarks.prometheus import parse_prometheus_text
 
 COUNTERS = {"steps": "pagedserve_engine_steps_total", "step_s": "pagedserve_worker_step_seconds_total",
             "sample_s": "pagedserve_worker_sample_seconds_total", "idle_s": "pagedserve_worker_idle_seconds_total"}

@@ -14,18 +14,18 @@ import statistics
 import time
 from collections.abc import Callable
 
-from services.gateway.text.detokenizer import IncrementalDetokenizer
-from services.gateway.text.stop_strings import StopStringMatcher
-from services.proto_convert.scheduler_contract import output_from_chunk, output_to_chunk
-from services.proto_convert.worker_contract import (
+from pagedserve.services.gateway.text.detokenizer import IncrementalDetokenizer
+from pagedserve.services.gateway.text.stop_strings import StopStringMatcher
+from pagedserve.services.proto_convert.scheduler_contract import output_from_chunk, output_to_chunk
+from pagedserve.services.proto_convert.worker_contract import (
     step_input_from_pb,
     step_input_to_pb,
     step_output_from_pb,
     step_output_to_pb,
 )
-from services.proto_gen import scheduler_pb2, worker_pb2
-from shared.request_io import RequestOutput
-from shared.step_protocol import CachedRequest, StepInput, StepOutput
+from pagedserve.services.proto_gen import scheduler_pb2, worker_pb2
+from pagedserve.shared.request_io import RequestOutput
+from pagedserve.shared.step_protocol import CachedRequest, StepInput, StepOutput
 
 
 def _per_call_us(fn: Callable[[int], None], num_calls: int, repeats: int = 5) -> float:

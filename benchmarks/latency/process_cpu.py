@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SERVICES = {"worker": "services.gpu_worker", "scheduler": "services.scheduler", "gateway": "services.gateway"}
+SERVICES = {"worker": "pagedserve.services.gpu_worker", "scheduler": "pagedserve.services.scheduler",
+            "gateway": "pagedserve.services.gateway"}
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 

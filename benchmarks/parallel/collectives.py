@@ -1,4 +1,4 @@
-"""`python -m benchmarks.parallel.collectives [--world-size N]`: the per-step cost of tensor parallelism's
+"""`python -m pagedserve.benchmarks.parallel.collectives [--world-size N]`: the per-step cost of tensor parallelism's
 collectives on CPU (gloo): rank 0's step broadcast (a StepMessage of B decoding requests) and the all-reduces of
 [T, hidden] fp32 activations (2 a layer), median of repeated calls, in microseconds."""
 
@@ -11,9 +11,9 @@ import time
 
 import torch
 
-from services.gpu_worker.parallel.group import free_init_method, join_group, leave_group
-from services.gpu_worker.parallel.step_message import StepMessage
-from shared.step_protocol import CachedRequest, StepInput
+from pagedserve.services.gpu_worker.parallel.group import free_init_method, join_group, leave_group
+from pagedserve.services.gpu_worker.parallel.step_message import StepMessage
+from pagedserve.shared.step_protocol import CachedRequest, StepInput
 
 REPEATS = 200
 

@@ -1,7 +1,8 @@
-"""`python -m benchmarks.peers`: start each server in turn, run the standard suite against it, stop it, compare.
+"""`python -m pagedserve.benchmarks.peers`: start each server in turn, run the standard suite against it, stop it,
+compare.
 
-    python -m benchmarks.peers --servers pagedserve                          # make bench
-    python -m benchmarks.peers --servers pagedserve,llama.cpp,transformers   # make bench-peers
+    python -m pagedserve.benchmarks.peers --servers pagedserve                          # make bench
+    python -m pagedserve.benchmarks.peers --servers pagedserve,llama.cpp,transformers   # make bench-peers
 
 Prompts per point: --num-prompts when > 0, else max(--min-prompts, --prompts-per-concurrency x concurrency), by
 default 8, 8, 16, 64 for concurrencies 1, 4, 16, 64: every point fills its concurrency at least once, and the whole
@@ -17,16 +18,16 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.peers.machine_speed import MachineSpeed, measure_speed, save_speeds
-from benchmarks.peers.plan import SuitePlan, parse_ints
-from benchmarks.peers.ratios import comparison
-from benchmarks.peers.results import write_server_results
-from benchmarks.peers.run import ServerRun, bench_server
-from benchmarks.peers.servers import SERVER_KINDS, ServerOptions, default_llama_threads, server_kinds
+from pagedserve.benchmarks.peers.machine_speed import MachineSpeed, measure_speed, save_speeds
+from pagedserve.benchmarks.peers.plan import SuitePlan, parse_ints
+from pagedserve.benchmarks.peers.ratios import comparison
+from pagedserve.benchmarks.peers.results import write_server_results
+from pagedserve.benchmarks.peers.run import ServerRun, bench_server
+from pagedserve.benchmarks.peers.servers import SERVER_KINDS, ServerOptions, default_llama_threads, server_kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.peers", description=__doc__.splitlines()[0])
     p.add_argument("--servers", default="pagedserve", help=f"comma list of {', '.join(SERVER_KINDS)}")
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--out-dir", default="bench-results")

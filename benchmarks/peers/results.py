@@ -6,12 +6,12 @@ import argparse
 import copy
 from pathlib import Path
 
-from benchmarks.cli_config import metrics_config
-from benchmarks.metrics import compute_metrics
-from benchmarks.peers.plan import SuitePlan
-from benchmarks.plots import write_plots
-from benchmarks.records import RequestRecord
-from benchmarks.report import load_result, run_records, save_result, sweep_table
+from pagedserve.benchmarks.cli_config import metrics_config
+from pagedserve.benchmarks.metrics import compute_metrics
+from pagedserve.benchmarks.peers.plan import SuitePlan
+from pagedserve.benchmarks.plots import write_plots
+from pagedserve.benchmarks.records import RequestRecord
+from pagedserve.benchmarks.report import load_result, run_records, save_result, sweep_table
 
 
 def pool_rounds(results: list[dict]) -> dict:

@@ -7,13 +7,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from benchmarks.cli import main as bench_main
-from benchmarks.peers.plan import SuitePlan
-from benchmarks.peers.process import ServerProcess
-from benchmarks.peers.servers import ServerKind, ServerOptions
-from benchmarks.report import load_result
-from benchmarks.suite import WORKLOADS, serve_argv
-from benchmarks.suite import build_parser as suite_parser
+from pagedserve.benchmarks.cli import main as bench_main
+from pagedserve.benchmarks.peers.plan import SuitePlan
+from pagedserve.benchmarks.peers.process import ServerProcess
+from pagedserve.benchmarks.peers.servers import ServerKind, ServerOptions
+from pagedserve.benchmarks.report import load_result
+from pagedserve.benchmarks.suite import WORKLOADS, serve_argv
+from pagedserve.benchmarks.suite import build_parser as suite_parser
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from benchmarks.peers.llama_build import ensure_gguf, ensure_llama_server, llama_server_path
-from benchmarks.peers.process import ServerSpec
-from services.ports import free_port
+from pagedserve.benchmarks.peers.llama_build import ensure_gguf, ensure_llama_server, llama_server_path
+from pagedserve.benchmarks.peers.process import ServerSpec
+from pagedserve.services.ports import free_port
 
 
 def default_llama_threads() -> int:
@@ -40,7 +40,7 @@ class ServerKind:
 def pagedserve_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
     """Engine counters (prefix hits, KV usage) are on the scheduler's own /metrics, not the gateway's."""
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", str(options.model_dir), "--port", str(port),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(options.model_dir), "--port", str(port),
             "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
             "--metrics-port", str(metrics_port)]  # fmt: skip
     return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)

@@ -6,7 +6,7 @@ are --prompt-tokens long, half of them sharing one of 16 system prompts. The fig
 pays: hashing its blocks, the rendezvous ranks, each replica's leading hit, the cost formula and the pending
 insert. Target: p99 <= 1 ms at 8 replicas with 1,000-token prompts (docs/replicas.md).
 
-    python -m benchmarks.routing.bench_router [--replicas 8 --prompt-tokens 1000 --num-requests 5000]
+    python -m pagedserve.benchmarks.routing.bench_router [--replicas 8 --prompt-tokens 1000 --num-requests 5000]
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from services.gateway.routing.prefix_mirror import InstanceView, ReplicaLoad
-from services.gateway.routing.replicas import Replica, ReplicaIdentity, ReplicaSet
-from services.gateway.routing.router import Router, RouterConfig
-from services.gateway.routing.router_metrics import RouterMetrics
-from shared.block_hashes import prompt_block_keys
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import ModelDescription
+from pagedserve.services.gateway.routing.prefix_mirror import InstanceView, ReplicaLoad
+from pagedserve.services.gateway.routing.replicas import Replica, ReplicaIdentity, ReplicaSet
+from pagedserve.services.gateway.routing.router import Router, RouterConfig
+from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+from pagedserve.shared.block_hashes import prompt_block_keys
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import ModelDescription
 
 BLOCK_SIZE = 16
 

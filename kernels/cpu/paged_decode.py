@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import ATTENTION_TYPES, bind, load_kernel
+from pagedserve.kernels.cpu.build import ATTENTION_TYPES, bind, load_kernel
 
 HEAD_DIMS = (64, 128)
 MAX_GROUP = 16  # query heads per kv head (paged_decode.c)
@@ -23,7 +23,7 @@ def supports(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: in
 
 class NativePagedDecode:
     """query [B, H, D], caches [N, block_size, Hkv, D], block_tables [B, nb] int32, seq_lens [B] int32 -> [B, H, D]
-    (the contract of services.gpu_worker.attention.cpu_decode.paged_decode, on CPU tensors)."""
+    (the contract of pagedserve.services.gpu_worker.attention.cpu_decode.paged_decode, on CPU tensors)."""
 
     def __init__(self) -> None:
         library = load_kernel("paged_decode")

@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import ATTENTION_TYPES, bind, load_kernel
+from pagedserve.kernels.cpu.build import ATTENTION_TYPES, bind, load_kernel
 
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p] + [
     ctypes.c_int] * 5 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]

@@ -6,7 +6,7 @@ import ctypes
 
 import torch
 
-from kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
+from pagedserve.kernels.cpu.build import ELEMENT_TYPES, bind, load_kernel
 
 MAX_ROWS = 8  # small_linear.c
 _ARGTYPES = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4

@@ -1,4 +1,4 @@
-"""`python -m services.gateway MODEL_DIR [flags]`: the OpenAI-compatible HTTP gateway (FastAPI + uvicorn)."""
+"""`python -m pagedserve.services.gateway MODEL_DIR [flags]`: the OpenAI-compatible HTTP gateway (FastAPI + uvicorn)."""
 
 from __future__ import annotations
 
@@ -8,23 +8,23 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from services.gateway.api.sampling import load_generation_defaults
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from services.gateway.http.drain import DrainingServer
-from services.gateway.http.edge import EdgeLimits, edge_protocol
-from services.gateway.routing.prefix_mirror import PrefixMirror
-from services.gateway.routing.replica_addresses import parse_targets
-from services.gateway.routing.replicas import ReplicaSet
-from services.gateway.routing.scheduler_client import SchedulerClient
-from services.gateway.text.tokenizer import NO_TEMPLATE, PromptTokenizer
-from services.ports import PortInUseError, port_is_free
-from shared.cli_config import parse_config
-from shared.drain_timing import CUT_GRACE_S
-from shared.log_setup import setup_logging
-from shared.model_dir import model_dir_problem
-from shared.tracing import setup_tracing, shutdown_tracing
+from pagedserve.services.gateway.api.sampling import load_generation_defaults
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.app import create_app
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.http.drain import DrainingServer
+from pagedserve.services.gateway.http.edge import EdgeLimits, edge_protocol
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.gateway.routing.replica_addresses import parse_targets
+from pagedserve.services.gateway.routing.replicas import ReplicaSet
+from pagedserve.services.gateway.routing.scheduler_client import SchedulerClient
+from pagedserve.services.gateway.text.tokenizer import NO_TEMPLATE, PromptTokenizer
+from pagedserve.services.ports import PortInUseError, port_is_free
+from pagedserve.shared.cli_config import parse_config
+from pagedserve.shared.drain_timing import CUT_GRACE_S
+from pagedserve.shared.log_setup import setup_logging
+from pagedserve.shared.model_dir import model_dir_problem
+from pagedserve.shared.tracing import setup_tracing, shutdown_tracing
 
 
 def uvicorn_edge_options(config: GatewayConfig) -> dict:

@@ -13,18 +13,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Match
 
-from services.gateway.api.chat import create_chat_completion, template_args
-from services.gateway.api.completions import create_completion
-from services.gateway.api.openapi_schema import install_openapi
-from services.gateway.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from services.gateway.api.responses import add_responses_routes
-from services.gateway.api.serving import Serving
-from services.gateway.http.admission import AdmissionGate, draining_error
-from services.gateway.http.body_limit import BodyLimit
-from services.gateway.http.cors import add_cors
-from services.gateway.http.errors import ErrorBoundary, OpenAIError, install_error_handlers
-from services.gateway.structured.tools import template_messages
-from services.gateway.tenants.gate import UNMATCHED, RouteOf, TenantGate
+from pagedserve.services.gateway.api.chat import create_chat_completion, template_args
+from pagedserve.services.gateway.api.completions import create_completion
+from pagedserve.services.gateway.api.openapi_schema import install_openapi
+from pagedserve.services.gateway.api.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from pagedserve.services.gateway.api.responses import add_responses_routes
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.http.admission import AdmissionGate, draining_error
+from pagedserve.services.gateway.http.body_limit import BodyLimit
+from pagedserve.services.gateway.http.cors import add_cors
+from pagedserve.services.gateway.http.errors import ErrorBoundary, OpenAIError, install_error_handlers
+from pagedserve.services.gateway.structured.tools import template_messages
+from pagedserve.services.gateway.tenants.gate import UNMATCHED, RouteOf, TenantGate
 
 _REQ_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")  # safe inside Redis keys and span attributes
 

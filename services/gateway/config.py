@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from services.gateway.http.cors import parse_list
-from services.gateway.routing.policy import RoutingPolicy
-from services.gateway.routing.replica_addresses import parse_targets
-from services.gateway.structured.reasoning_parsers import REASONING_FORMATS
-from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
-from services.gateway.tenants.keys_file import load_keys_file
-from services.gateway.text.chat_template import load_chat_template
-from services.internal_tls import InternalTLSConfig
-from shared.cli_config import check_choices, flag_name
-from shared.event_loop import Loop
-from shared.log_setup import LogLevel
-from shared.placeholder_secrets import check_not_placeholder
-from shared.redis_url import check_redis_url
+from pagedserve.services.gateway.http.cors import parse_list
+from pagedserve.services.gateway.routing.policy import RoutingPolicy
+from pagedserve.services.gateway.routing.replica_addresses import parse_targets
+from pagedserve.services.gateway.structured.reasoning_parsers import REASONING_FORMATS
+from pagedserve.services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from pagedserve.services.gateway.tenants.keys_file import load_keys_file
+from pagedserve.services.gateway.text.chat_template import load_chat_template
+from pagedserve.services.internal_tls import InternalTLSConfig
+from pagedserve.shared.cli_config import check_choices, flag_name
+from pagedserve.shared.event_loop import Loop
+from pagedserve.shared.log_setup import LogLevel
+from pagedserve.shared.placeholder_secrets import check_not_placeholder
+from pagedserve.shared.redis_url import check_redis_url
 
 HttpParser = Literal["httptools", "h11"]
 

@@ -1,4 +1,4 @@
-"""`python -m services.gpu_worker MODEL_DIR [flags]`: serve one device's model and KV cache over gRPC."""
+"""`python -m pagedserve.services.gpu_worker MODEL_DIR [flags]`: serve one device's model and KV cache over gRPC."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-from services.gpu_worker.server import WorkerServicer, build_server, set_serving
-from services.gpu_worker.service_config import WorkerServiceConfig
-from shared.cli_config import parse_config
-from shared.log_setup import setup_logging
-from shared.model_dir import model_dir_problem
-from shared.tracing import setup_tracing, shutdown_tracing
+from pagedserve.services.gpu_worker.server import WorkerServicer, build_server, set_serving
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.shared.cli_config import parse_config
+from pagedserve.shared.log_setup import setup_logging
+from pagedserve.shared.model_dir import model_dir_problem
+from pagedserve.shared.tracing import setup_tracing, shutdown_tracing
 
 log = logging.getLogger("pagedserve.worker")
 QUIET_S = 1.0  # a draining worker stops once no step came for this long
@@ -49,7 +49,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    from services.gpu_worker.model_config import UnsupportedModelError  # imports torch: after the port is bound
+    from pagedserve.services.gpu_worker.model_config import (
+        UnsupportedModelError,  # imports torch: after the port is bound
+    )
 
     try:
         servicer.load(config.worker)

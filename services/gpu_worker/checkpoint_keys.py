@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.model_config import ModelConfig
 
 _FUSED = {  # fused parameter -> the checkpoint parameters concatenated (along dim 0) to make it
     "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),

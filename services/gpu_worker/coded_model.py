@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels.cpu.packed_linear import pack_weight
-from kernels.cpu.weight_grid import WeightGrid
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.gguf.checkpoint import dequantize
-from services.gpu_worker.layers.grid_embedding import GridEmbedding
-from services.gpu_worker.layers.linear import Linear
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import ModelConfig
+from pagedserve.kernels.cpu.packed_linear import pack_weight
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.gguf.checkpoint import dequantize
+from pagedserve.services.gpu_worker.layers.grid_embedding import GridEmbedding
+from pagedserve.services.gpu_worker.layers.linear import Linear
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 log = logging.getLogger(__name__)
 Weight = torch.Tensor | WeightGrid

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model import DecoderLM
 
 DUMMY_SEED = 0
 INIT_STD = 0.02  # Hugging Face's usual initializer_range: activations and logits stay finite and unremarkable

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import xgrammar as xgr
 
-from services.gpu_worker.grammar import RequestGrammar
+from pagedserve.services.gpu_worker.grammar import RequestGrammar
 
 _BIT = torch.arange(32, dtype=torch.int32)
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.step_rows import KeptRows, StepRows
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.step_rows import KeptRows, StepRows
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.model_config import ModelConfig
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | None = None) -> int:

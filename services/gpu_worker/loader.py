@@ -10,16 +10,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors import safe_open
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.checkpoint_keys import to_model_state
-from services.gpu_worker.dummy_weights import dummy_state
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import ModelConfig
-from services.gpu_worker.quantized.scheme import read_scheme
-from shared.gguf_folder import find_gguf
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.checkpoint_keys import to_model_state
+from pagedserve.services.gpu_worker.dummy_weights import dummy_state
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.quantized.scheme import read_scheme
+from pagedserve.shared.gguf_folder import find_gguf
 
 if TYPE_CHECKING:
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 def checkpoint_files(model_dir: str | Path) -> list[Path]:
     """The folder's *.safetensors files, in name order (one, or the shards of a sharded checkpoint)."""
@@ -49,12 +49,12 @@ def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBac
     `quantization`, when given, must name) loads through quantized/load.py."""
     gguf = None if any(Path(model_dir).glob("*.safetensors")) else find_gguf(model_dir)
     if gguf is not None and load_format != "dummy":
-        from services.gpu_worker.gguf.load import load_gguf_model
+        from pagedserve.services.gpu_worker.gguf.load import load_gguf_model
 
         return load_gguf_model(gguf, config, backend, max_positions, platform)
     scheme = read_scheme(model_dir, quantization)
     if scheme is not None and load_format != "dummy":
-        from services.gpu_worker.quantized.load import load_quantized_model
+        from pagedserve.services.gpu_worker.quantized.load import load_quantized_model
 
         return load_quantized_model(read_checkpoint(model_dir), scheme, model_dir, config, backend, max_positions,
                                     platform)

@@ -10,14 +10,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.layers.activation import ActivationKernel, silu_and_mul
-from services.gpu_worker.layers.linear import Linear
-from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.layers.rotary import RotaryEmbedding, RotaryKernel, apply_rotary
-from services.gpu_worker.model_config import ModelConfig
-from services.gpu_worker.step_rows import KeptRows, StepRows
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.layers.activation import ActivationKernel, silu_and_mul
+from pagedserve.services.gpu_worker.layers.linear import Linear
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.services.gpu_worker.layers.rotary import RotaryEmbedding, RotaryKernel, apply_rotary
+from pagedserve.services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.step_rows import KeptRows, StepRows
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 KVPair = tuple[torch.Tensor, torch.Tensor]

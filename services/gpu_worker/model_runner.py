@@ -16,32 +16,32 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.cuda_graphs.decode_graphs import DecodeGraphs, capture_sizes
-from services.gpu_worker.cuda_graphs.graph_backend import CudaGraphBackend, GraphBackend
-from services.gpu_worker.generation_defaults import eos_token_ids
-from services.gpu_worker.input_batch import build_model_input
-from services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
-from services.gpu_worker.loader import load_model
-from services.gpu_worker.model_config import UnsupportedModelError, dtype_name, load_model_config
-from services.gpu_worker.parallel.rank_budget import rank_kv_budget_bytes
-from services.gpu_worker.parallel.shard_plan import ShardPlan
-from services.gpu_worker.parallel.sharded_loader import load_sharded_model
-from services.gpu_worker.pending_output import PendingOutput
-from services.gpu_worker.platforms import platform_for
-from services.gpu_worker.platforms.platform import Platform
-from services.gpu_worker.quantized.scheme import read_scheme
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.sampler import sample
-from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
-from services.gpu_worker.spec_decode.verify_step import verify_step
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.cuda_graphs.decode_graphs import DecodeGraphs, capture_sizes
+from pagedserve.services.gpu_worker.cuda_graphs.graph_backend import CudaGraphBackend, GraphBackend
+from pagedserve.services.gpu_worker.generation_defaults import eos_token_ids
+from pagedserve.services.gpu_worker.input_batch import build_model_input
+from pagedserve.services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
+from pagedserve.services.gpu_worker.loader import load_model
+from pagedserve.services.gpu_worker.model_config import UnsupportedModelError, dtype_name, load_model_config
+from pagedserve.services.gpu_worker.parallel.rank_budget import rank_kv_budget_bytes
+from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
+from pagedserve.services.gpu_worker.parallel.sharded_loader import load_sharded_model
+from pagedserve.services.gpu_worker.pending_output import PendingOutput
+from pagedserve.services.gpu_worker.platforms import platform_for
+from pagedserve.services.gpu_worker.platforms.platform import Platform
+from pagedserve.services.gpu_worker.quantized.scheme import read_scheme
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.sampler import sample
+from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.services.gpu_worker.spec_decode.verify_step import verify_step
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
 
 if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
-    from services.gpu_worker.grammar import RequestGrammar
-    from services.gpu_worker.grammar_mask import GrammarMask
-    from services.gpu_worker.parallel.group import TensorParallelGroup
+    from pagedserve.services.gpu_worker.grammar import RequestGrammar
+    from pagedserve.services.gpu_worker.grammar_mask import GrammarMask
+    from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class ModelRunner:
         """The token bitmasks of the rows under a grammar; None when no row is (xgrammar is not even imported)."""
         if all(grammar is None for grammar in grammars):
             return None
-        from services.gpu_worker.grammar_mask import build_grammar_mask
+        from pagedserve.services.gpu_worker.grammar_mask import build_grammar_mask
 
         return build_grammar_mask(grammars, [row.banned_now for row in rows], self.model_config.vocab_size,
                                   self.device)

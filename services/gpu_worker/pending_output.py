@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.gpu_worker.request_state import RequestState
-from shared.step_protocol import FailedRequest, StepOutput
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.shared.step_protocol import FailedRequest, StepOutput
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.step_protocol import CachedRequest, FailedRequest, NewRequest
+from pagedserve.shared.step_protocol import CachedRequest, FailedRequest, NewRequest
 
 
 @dataclass(frozen=True)

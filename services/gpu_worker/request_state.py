@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.sampling_params import SamplingParams
+from pagedserve.shared.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from services.gpu_worker.grammar import RequestGrammar
+    from pagedserve.services.gpu_worker.grammar import RequestGrammar
 
 
 @dataclass

@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.gpu_worker.sampling_batch import Penalties, SamplingBatch
-from shared.step_protocol import TokenLogprobs
+from pagedserve.services.gpu_worker.sampling_batch import Penalties, SamplingBatch
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
-    from services.gpu_worker.grammar_mask import GrammarMask
+    from pagedserve.services.gpu_worker.grammar_mask import GrammarMask
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, grammar_mask: GrammarMask | None = None

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.sampling_params import SamplingParams
+from pagedserve.shared.sampling_params import SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, output index) into one generator seed
 

@@ -27,18 +27,22 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 
-from services.grpc_errors import ServiceNotReady, map_errors
-from services.internal_auth import TokenInterceptor
-from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
-from services.proto_convert.common import description_to_pb, structured_output_from_pb
-from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb, traceparents_from_pb
-from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
-from shared.step_protocol import StepInput
-from shared.tracing import context_from_traceparent, get_tracer, incoming_context
+from pagedserve.services.grpc_errors import ServiceNotReady, map_errors
+from pagedserve.services.internal_auth import TokenInterceptor
+from pagedserve.services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port
+from pagedserve.services.proto_convert.common import description_to_pb, structured_output_from_pb
+from pagedserve.services.proto_convert.worker_contract import (
+    step_input_from_pb,
+    step_output_to_pb,
+    traceparents_from_pb,
+)
+from pagedserve.services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
+from pagedserve.shared.step_protocol import StepInput
+from pagedserve.shared.tracing import context_from_traceparent, get_tracer, incoming_context
 
 if TYPE_CHECKING:  # the worker imports torch: the server binds its port (and answers health) first
-    from services.gpu_worker.worker import PendingStep, Worker
-    from services.gpu_worker.worker_config import WorkerConfig
+    from pagedserve.services.gpu_worker.worker import PendingStep, Worker
+    from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.WorkerService"
@@ -63,7 +67,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServiceServicer):
 
     def load(self, config: WorkerConfig) -> None:
         """Build the Worker on the model thread, where its steps will run too."""
-        from services.gpu_worker.parallel.launch import build_worker
+        from pagedserve.services.gpu_worker.parallel.launch import build_worker
 
         self.worker = self._model_thread.submit(build_worker, config).result()
 

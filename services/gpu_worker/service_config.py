@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.cli_config import check_choices
-from shared.log_setup import LogLevel
-from shared.placeholder_secrets import check_not_placeholder
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.cli_config import check_choices
+from pagedserve.shared.log_setup import LogLevel
+from pagedserve.shared.placeholder_secrets import check_not_placeholder
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,18 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from services.gpu_worker.model_runner import ModelRunner
-from services.gpu_worker.pending_output import PendingOutput
-from services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.spec_decode.drafts import attach_drafts
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
-from shared.structured_output import StructuredOutput
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.pending_output import PendingOutput
+from pagedserve.services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.spec_decode.drafts import attach_drafts
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.step_protocol import FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
+from pagedserve.shared.structured_output import StructuredOutput
 
 if TYPE_CHECKING:  # xgrammar loads with the first grammar
-    from services.gpu_worker.parallel.group import TensorParallelGroup
-    from shared.grammar_cache import GrammarCache
+    from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
+    from pagedserve.shared.grammar_cache import GrammarCache
 
 
 class Worker:
@@ -42,7 +42,7 @@ class Worker:
     @property
     def grammars(self) -> GrammarCache:
         if self._grammars is None:
-            from shared.grammar_cache import GrammarCache
+            from pagedserve.shared.grammar_cache import GrammarCache
 
             self._grammars = GrammarCache(self.runner.config.model_dir, self.runner.model_config.vocab_size,
                                           self.runner.eos_token_ids)
@@ -111,7 +111,7 @@ class Worker:
                              list(new.block_ids), new.num_computed_tokens, stops,
                              eos if new.sampling.ignore_eos else ())
         if new.sampling.structured_output is not None:
-            from services.gpu_worker.grammar import RequestGrammar
+            from pagedserve.services.gpu_worker.grammar import RequestGrammar
 
             compiled = self.grammars.get(new.sampling.structured_output)
             state.grammar = RequestGrammar.start(compiled, state.output_token_ids)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from shared.cli_config import check_choices
+from pagedserve.shared.cli_config import check_choices
 
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 AttentionBackendName = Literal["auto", "torch", "triton"]

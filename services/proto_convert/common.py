@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.proto_gen import common_pb2
-from shared.sampling_params import SamplingParams, SamplingParamsError
-from shared.step_protocol import ModelDescription, TokenLogprobs
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.proto_gen import common_pb2
+from pagedserve.shared.sampling_params import SamplingParams, SamplingParamsError
+from pagedserve.shared.step_protocol import ModelDescription, TokenLogprobs
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 # Scalars copied one to one; an unset proto field falls back to the dataclass default.
 _SAMPLING_SCALARS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
-from services.proto_gen import scheduler_pb2
-from shared.integrity_report import IntegrityReport
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.scheduler_stats import SCALAR_FIELDS, SchedulerStats
-from shared.step_protocol import TokenLogprobs
+from pagedserve.services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
+from pagedserve.services.proto_gen import scheduler_pb2
+from pagedserve.shared.integrity_report import IntegrityReport
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.shared.scheduler_stats import SCALAR_FIELDS, SchedulerStats
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 _REASON_TO_PB = {
     None: scheduler_pb2.FINISH_REASON_UNSPECIFIED,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
-from services.proto_gen import worker_pb2
-from shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput, StepOutput
+from pagedserve.services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
+from pagedserve.services.proto_gen import worker_pb2
+from pagedserve.shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput, StepOutput
 
 
 def step_input_to_pb(step: StepInput, step_id: int = 0, traceparents: Mapping[str, str] | None = None,

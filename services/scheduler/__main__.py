@@ -1,4 +1,5 @@
-"""`python -m services.scheduler [flags]`: the scheduler service (continuous batching, KV blocks, prefix cache)."""
+"""`python -m pagedserve.services.scheduler [flags]`: the scheduler service (continuous batching, KV blocks, prefix
+cache)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from services.ports import PortInUseError
-from services.scheduler.server import serve
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import parse_config
-from shared.event_loop import run
-from shared.log_setup import setup_logging
-from shared.tracing import setup_tracing, shutdown_tracing
+from pagedserve.services.ports import PortInUseError
+from pagedserve.services.scheduler.server import serve
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import parse_config
+from pagedserve.shared.event_loop import run
+from pagedserve.shared.log_setup import setup_logging
+from pagedserve.shared.tracing import setup_tracing, shutdown_tracing
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:

@@ -33,10 +33,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.scheduler.request import Request
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.step_time_model import StepTimeModel
-from shared.request_io import GenerateRequest
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.step_time_model import StepTimeModel
+from pagedserve.shared.request_io import GenerateRequest
 
 _SMOOTHING = 0.2  # weight of the newest step in the moving averages
 MAX_RETRY_AFTER_S = 60

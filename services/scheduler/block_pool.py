@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
 
 
 @dataclass

@@ -14,9 +14,9 @@ import asyncio
 import logging
 import time
 
-from services.grpc_errors import ServiceNotReady
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.readiness import NotReady, Readiness
+from pagedserve.services.grpc_errors import ServiceNotReady
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05

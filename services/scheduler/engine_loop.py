@@ -40,22 +40,22 @@ import time
 import grpc.aio
 from opentelemetry import trace
 
-from services.grpc_errors import ServiceNotReady, WorkerUnavailable
-from services.scheduler.admission import AdmissionConfig, AdmissionControl
-from services.scheduler.grammar_preparation import GrammarPreparer
-from services.scheduler.in_flight import InFlight, StepsInFlight
-from services.scheduler.integrity import require_integrity
-from services.scheduler.live_request import Item, LiveRequest, LiveRequests
-from services.scheduler.output_dispatch import OutputDispatcher, StateWriter
-from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.step_tracing import StepTracer
-from services.scheduler.worker_client import WorkerClient
-from services.scheduler.worker_monitor import same_worker
-from shared.request_io import GenerateRequest
-from shared.step_protocol import ModelDescription
-from shared.tracing import get_tracer, traceparent_of
+from pagedserve.services.grpc_errors import ServiceNotReady, WorkerUnavailable
+from pagedserve.services.scheduler.admission import AdmissionConfig, AdmissionControl
+from pagedserve.services.scheduler.grammar_preparation import GrammarPreparer
+from pagedserve.services.scheduler.in_flight import InFlight, StepsInFlight
+from pagedserve.services.scheduler.integrity import require_integrity
+from pagedserve.services.scheduler.live_request import Item, LiveRequest, LiveRequests
+from pagedserve.services.scheduler.output_dispatch import OutputDispatcher, StateWriter
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
+from pagedserve.services.scheduler.request_observer import RequestObserver
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.step_tracing import StepTracer
+from pagedserve.services.scheduler.worker_client import WorkerClient
+from pagedserve.services.scheduler.worker_monitor import same_worker
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.step_protocol import ModelDescription
+from pagedserve.shared.tracing import get_tracer, traceparent_of
 
 log = logging.getLogger(__name__)
 

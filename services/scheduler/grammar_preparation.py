@@ -16,9 +16,9 @@ from typing import Protocol
 import grpc
 import grpc.aio
 
-from services.grpc_errors import WorkerUnavailable
-from services.scheduler.scheduler import RequestRejected
-from shared.structured_output import StructuredOutput
+from pagedserve.services.grpc_errors import WorkerUnavailable
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.structured_output import StructuredOutput
 
 MAX_CONCURRENT_CALLS = 2
 MAX_KNOWN_GRAMMARS = 1024

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from services.scheduler.admission import QueueWaitEstimator
-from services.scheduler.invariants import require
-from services.scheduler.scheduler import SchedulerOutput
-from shared.step_protocol import StepOutput
+from pagedserve.services.scheduler.admission import QueueWaitEstimator
+from pagedserve.services.scheduler.invariants import require
+from pagedserve.services.scheduler.scheduler import SchedulerOutput
+from pagedserve.shared.step_protocol import StepOutput
 
 
 def _discard(future: asyncio.Future) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.scheduler.invariants import InvariantViolated, require
-from shared.integrity_report import IntegrityReport
+from pagedserve.services.scheduler.invariants import InvariantViolated, require
+from pagedserve.shared.integrity_report import IntegrityReport
 
 if TYPE_CHECKING:
-    from services.scheduler.scheduler import Scheduler
+    from pagedserve.services.scheduler.scheduler import Scheduler
 
 
 def check_integrity(scheduler: Scheduler, live_req_ids: set[str]) -> IntegrityReport:

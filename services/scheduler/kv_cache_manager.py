@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.scheduler.block_pool import Block, BlockPool
-from services.scheduler.invariants import require
-from services.scheduler.prefix_cache import InFlightKeys, PrefixIndex
-from services.scheduler.request import Request
-from shared.block_hashes import extend_block_keys
+from pagedserve.services.scheduler.block_pool import Block, BlockPool
+from pagedserve.services.scheduler.invariants import require
+from pagedserve.services.scheduler.prefix_cache import InFlightKeys, PrefixIndex
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.block_hashes import extend_block_keys
 
 
 @dataclass

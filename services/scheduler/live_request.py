@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from opentelemetry import trace
 
-from services.scheduler.invariants import require
-from shared.request_io import RequestOutput
+from pagedserve.services.scheduler.invariants import require
+from pagedserve.shared.request_io import RequestOutput
 
 Item = RequestOutput | Exception  # what a request's queue carries: its outputs, or the error that ended it
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 
-from services.scheduler.spec_decode.metrics import SpecDecodeCollector, SpecSource
-from services.scheduler.stats_collector import StatsCollector
-from shared.scheduler_stats import SchedulerStats
+from pagedserve.services.scheduler.spec_decode.metrics import SpecDecodeCollector, SpecSource
+from pagedserve.services.scheduler.stats_collector import StatsCollector
+from pagedserve.shared.scheduler_stats import SchedulerStats
 
 # Seconds: from a few ms (a decode step) to minutes (a long queue); close to vLLM's buckets.
 LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from services.grpc_errors import RequestFailed
-from services.scheduler.live_request import Item, LiveRequests
-from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import RequestRejected
-from shared.request_io import RequestOutput
-from shared.step_protocol import FailedRequest
+from pagedserve.services.grpc_errors import RequestFailed
+from pagedserve.services.scheduler.live_request import Item, LiveRequests
+from pagedserve.services.scheduler.request_observer import RequestObserver
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.request_io import RequestOutput
+from pagedserve.shared.step_protocol import FailedRequest
 
 
 class StateWriter(Protocol):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.scheduler.invariants import require
+from pagedserve.services.scheduler.invariants import require
 
 
 @dataclass

@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from services.scheduler.prefix_cache import PrefixIndex
-from shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent
 
 JOURNAL_LIMIT = 200_000  # changes kept between two publishes; more and the next publish is a snapshot
 

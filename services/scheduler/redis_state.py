@@ -25,12 +25,19 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.prefix_publisher import PrefixPublisher
-from shared.cancellation import raise_if_cancelled
-from shared.redis_client import ReconnectBackoff, bounded_client
-from shared.redis_url import check_redis_url, masked_url
-from shared.replica_keys import SNAPSHOT, PrefixEvent, key_prefix, prefix_blocks_key, prefix_events_key, stats_key
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.prefix_publisher import PrefixPublisher
+from pagedserve.shared.cancellation import raise_if_cancelled
+from pagedserve.shared.redis_client import ReconnectBackoff, bounded_client
+from pagedserve.shared.redis_url import check_redis_url, masked_url
+from pagedserve.shared.replica_keys import (
+    SNAPSHOT,
+    PrefixEvent,
+    key_prefix,
+    prefix_blocks_key,
+    prefix_events_key,
+    stats_key,
+)
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

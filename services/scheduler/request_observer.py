@@ -20,9 +20,9 @@ from dataclasses import dataclass, fields
 from opentelemetry import trace
 from prometheus_client import Histogram
 
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.scheduler import SchedulerOutput
-from shared.request_io import RequestOutput
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.scheduler import SchedulerOutput
+from pagedserve.shared.request_io import RequestOutput
 
 
 @dataclass

@@ -27,18 +27,25 @@ import bisect
 import itertools
 from dataclasses import dataclass, field, replace
 
-from services.scheduler.fair_share import FairShare
-from services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.scheduler_counters import SchedulerCounters
-from services.scheduler.spec_decode.config import SpeculativeConfig
-from services.scheduler.spec_decode.planner import DraftPlanner
-from services.scheduler.stop_checker import check_stop
-from services.scheduler.waiting_queue import WaitingQueue
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.scheduler_stats import SchedulerStats
-from shared.step_protocol import CachedRequest, FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
+from pagedserve.services.scheduler.fair_share import FairShare
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager, PrefixHit
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.scheduler_counters import SchedulerCounters
+from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
+from pagedserve.services.scheduler.spec_decode.planner import DraftPlanner
+from pagedserve.services.scheduler.stop_checker import check_stop
+from pagedserve.services.scheduler.waiting_queue import WaitingQueue
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.step_protocol import (
+    CachedRequest,
+    FailedRequest,
+    ModelDescription,
+    NewRequest,
+    StepInput,
+    StepOutput,
+)
 
 
 class RequestRejected(ValueError):

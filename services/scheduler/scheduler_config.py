@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.spec_decode.config import SpeculativeConfig
+from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.prefix_cache import PrefixCacheCounters
-from shared.request_io import FinishReason
-from shared.scheduler_stats import SchedulerStats
+from pagedserve.services.scheduler.prefix_cache import PrefixCacheCounters
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.scheduler_stats import SchedulerStats
 
 
 @dataclass

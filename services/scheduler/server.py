@@ -16,26 +16,26 @@ import socket
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.grpc_errors import RequestFailed
-from services.internal_auth import AsyncTokenInterceptor
-from services.internal_tls import server_credentials
-from services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
-from services.proto_gen import scheduler_pb2_grpc
-from services.scheduler.admission import AdmissionControl
-from services.scheduler.drain import drain
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.metrics_server import start_metrics_server
-from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.redis_state import RedisStateWriter
-from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.service import SchedulerServicer
-from services.scheduler.service_config import SchedulerServiceConfig
-from services.scheduler.worker_client import WorkerClient
-from services.scheduler.worker_monitor import WorkerMonitor
-from shared.redis_url import masked_url
-from shared.scheduler_stats import redis_fields
+from pagedserve.services.grpc_errors import RequestFailed
+from pagedserve.services.internal_auth import AsyncTokenInterceptor
+from pagedserve.services.internal_tls import server_credentials
+from pagedserve.services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
+from pagedserve.services.proto_gen import scheduler_pb2_grpc
+from pagedserve.services.scheduler.admission import AdmissionControl
+from pagedserve.services.scheduler.drain import drain
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.metrics_server import start_metrics_server
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
+from pagedserve.services.scheduler.redis_state import RedisStateWriter
+from pagedserve.services.scheduler.request_observer import RequestObserver
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.service import SchedulerServicer
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.services.scheduler.worker_client import WorkerClient
+from pagedserve.services.scheduler.worker_monitor import WorkerMonitor
+from pagedserve.shared.redis_url import masked_url
+from pagedserve.shared.scheduler_stats import redis_fields
 
 log = logging.getLogger(__name__)
 SERVICE_NAME = "pagedserve.v1.SchedulerService"

@@ -8,20 +8,26 @@ from dataclasses import replace
 
 from opentelemetry.trace import SpanKind
 
-from services.grpc_errors import ServiceNotReady, map_errors
-from services.proto_convert.common import description_to_pb
-from services.proto_convert.scheduler_contract import (
+from pagedserve.services.grpc_errors import ServiceNotReady, map_errors
+from pagedserve.services.proto_convert.common import description_to_pb
+from pagedserve.services.proto_convert.scheduler_contract import (
     generate_request_from_pb,
     integrity_to_pb,
     output_to_chunk,
     stats_to_pb,
 )
-from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.integrity import check_integrity
-from services.scheduler.redis_state import NullStateWriter, RedisStateWriter
-from shared.scheduler_stats import SchedulerStats
-from shared.tracing import gen_ai_request_attributes, get_tracer, incoming_context, record_error, traceparent_of
+from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.integrity import check_integrity
+from pagedserve.services.scheduler.redis_state import NullStateWriter, RedisStateWriter
+from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.tracing import (
+    gen_ai_request_attributes,
+    get_tracer,
+    incoming_context,
+    record_error,
+    traceparent_of,
+)
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.internal_tls import InternalTLSConfig
-from services.scheduler.admission import AdmissionConfig
-from services.scheduler.redis_state import RedisStateConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.cli_config import check_choices
-from shared.event_loop import Loop
-from shared.log_setup import LogLevel
-from shared.placeholder_secrets import check_not_placeholder
+from pagedserve.services.internal_tls import InternalTLSConfig
+from pagedserve.services.scheduler.admission import AdmissionConfig
+from pagedserve.services.scheduler.redis_state import RedisStateConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.cli_config import check_choices
+from pagedserve.shared.event_loop import Loop
+from pagedserve.shared.log_setup import LogLevel
+from pagedserve.shared.placeholder_secrets import check_not_placeholder
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from shared.scheduler_stats import STATS_FIELDS, MetricSpec, SchedulerStats
+from pagedserve.shared.scheduler_stats import STATS_FIELDS, MetricSpec, SchedulerStats
 
 
 class StatsCollector:

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 
-from services.proto_convert.worker_contract import step_output_from_pb
-from services.proto_gen import worker_pb2, worker_pb2_grpc
-from shared.step_protocol import StepOutput
+from pagedserve.services.proto_convert.worker_contract import step_output_from_pb
+from pagedserve.services.proto_gen import worker_pb2, worker_pb2_grpc
+from pagedserve.shared.step_protocol import StepOutput
 
 
 class StreamEnded(grpc.aio.AioRpcError):

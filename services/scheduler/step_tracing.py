@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from opentelemetry import trace
 
-from services.scheduler.live_request import LiveRequests
-from shared.step_protocol import StepInput
+from pagedserve.services.scheduler.live_request import LiveRequests
+from pagedserve.shared.step_protocol import StepInput
 
 
 class StepTracer:

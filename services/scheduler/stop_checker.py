@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.scheduler.request import Request
-from shared.request_io import FinishReason
+from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.request_io import FinishReason
 
 
 def check_stop(request: Request, token_id: int, eos_token_ids: tuple[int, ...], max_model_len: int

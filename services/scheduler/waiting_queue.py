@@ -13,8 +13,8 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from services.scheduler.fair_share import FairShare
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.fair_share import FairShare
+from pagedserve.services.scheduler.request import Request
 
 
 class WaitingQueue:

@@ -11,14 +11,14 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.internal_auth import token_metadata
-from services.proto_convert.common import description_from_pb, structured_output_to_pb
-from services.proto_convert.worker_contract import step_input_to_pb
-from services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
-from services.scheduler.step_stream import StepStream
-from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
-from shared.step_protocol import ModelDescription, StepInput, StepOutput
-from shared.structured_output import StructuredOutput
+from pagedserve.services.internal_auth import token_metadata
+from pagedserve.services.proto_convert.common import description_from_pb, structured_output_to_pb
+from pagedserve.services.proto_convert.worker_contract import step_input_to_pb
+from pagedserve.services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
+from pagedserve.services.scheduler.step_stream import StepStream
+from pagedserve.services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
+from pagedserve.shared.step_protocol import ModelDescription, StepInput, StepOutput
+from pagedserve.shared.structured_output import StructuredOutput
 
 log = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 64 * 1024**2

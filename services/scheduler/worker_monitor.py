@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.grpc_errors import WorkerUnavailable
-from services.scheduler.readiness import NotReady, Readiness
-from shared.step_protocol import ModelDescription
+from pagedserve.services.grpc_errors import WorkerUnavailable
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
+from pagedserve.shared.step_protocol import ModelDescription
 
 log = logging.getLogger(__name__)
 

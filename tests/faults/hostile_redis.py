@@ -8,7 +8,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 
 FLOOD_HEADER = b"*2147483647\r\n"
 FLOOD_CHUNK = b":1\r\n" * 16384

@@ -8,10 +8,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2_grpc
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.proto_convert.scheduler_contract import generate_request_to_pb
+from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, worker_pb2_grpc
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.faults.clients import chat_body, join, start_streams
 
 STORY = chat_body("Tell me a story about a lighthouse.", max_tokens=48, ignore_eos=True)

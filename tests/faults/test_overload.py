@@ -1,6 +1,7 @@
 """Overload, bounded for the suite: short requests at four times the measured capacity for 10 s. Every request
 ends as a 200 or a 429 with a Retry-After, none hangs or gets a 5xx or an error inside its stream, nothing leaks,
-and the services' memory stays bounded. (The 60 s run and its TTFT figures: `python -m benchmarks.overload`, see
+and the services' memory stays bounded. (The 60 s run and its TTFT figures: `python -m pagedserve.benchmarks.overload`,
+see
 docs/measurements/2026-12-04-overload.md; timing ratios are not asserted here.)"""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
-from benchmarks.overload import run
+from pagedserve.benchmarks.overload import run
 from tests.support.fault_stack import FaultStack
 
 MAX_QUEUE_WAIT_S = "0.5"  # a tight admission bound, so that the suite's short run reaches it

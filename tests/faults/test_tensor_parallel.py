@@ -22,9 +22,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from benchmarks.engine.workloads import TOPICS
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.benchmarks.engine.workloads import TOPICS
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.faults.clients import chat_body, join, start_streams
 from tests.integration.processes import MODEL_DIR, process_alive, wait_for
 from tests.support.fault_stack import FaultStack

@@ -11,10 +11,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from services.internal_auth import token_metadata
-from services.proto_convert.scheduler_contract import stats_from_pb
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from shared.scheduler_stats import SchedulerStats
+from pagedserve.services.internal_auth import token_metadata
+from pagedserve.services.proto_convert.scheduler_contract import stats_from_pb
+from pagedserve.services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR, RedisServer, Stack, TraceCollector, port_is_open, start_stack
 
 STARTUP_TIMEOUT_S = 180

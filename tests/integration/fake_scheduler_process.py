@@ -10,10 +10,10 @@ import sys
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.gateway.routing.scheduler_client import SCHEDULER_SERVICE
-from services.proto_convert.common import description_to_pb
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from shared.step_protocol import ModelDescription
+from pagedserve.services.gateway.routing.scheduler_client import SCHEDULER_SERVICE
+from pagedserve.services.proto_convert.common import description_to_pb
+from pagedserve.services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.shared.step_protocol import ModelDescription
 
 DESCRIPTION = ModelDescription(model_name="SmolLM2-135M-Instruct", architecture="LlamaForCausalLM",
                                max_model_len=2048, vocab_size=49152, num_kv_blocks=256, block_size=16,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.integration.processes import MODEL_DIR, port_is_open
 from tests.support.service_process import ServiceProcess, service_env
 from tests.support.waiting import wait_for
@@ -27,7 +27,7 @@ def start_fake_scheduler(tmp_dir: Path) -> ServiceProcess:
 def start_gateway(tmp_dir: Path, scheduler_port: int, *flags: str) -> ServiceProcess:
     """A gateway on the fake scheduler, healthy when returned."""
     port = free_port()
-    proc = _start("gateway", [sys.executable, "-m", "services.gateway", str(MODEL_DIR), "--port", str(port),
+    proc = _start("gateway", [sys.executable, "-m", "pagedserve.services.gateway", str(MODEL_DIR), "--port", str(port),
                               "--scheduler-address", f"127.0.0.1:{scheduler_port}", "--health-poll-interval-s", "0.2",
                               *flags], tmp_dir, port)
     try:

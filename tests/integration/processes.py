@@ -15,7 +15,7 @@ import grpc
 import redis
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.support.waiting import http_ok, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def start_stack(tmp_dir: Path, redis_server: RedisServer, collector: TraceCollec
     env = {**env, "PAGEDSERVE_INSTANCE_ID": instance_id, "PAGEDSERVE_REDIS_STATS_INTERVAL_S": "0.05",
            "PAGEDSERVE_REDIS_PREFIX_SYNC_INTERVAL_S": "0.2", "PAGEDSERVE_HEALTH_POLL_INTERVAL_S": "0.2",
            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{collector.port}", "OTEL_BSP_SCHEDULE_DELAY": "200"}
-    argv = [sys.executable, "-m", "services.cli", "serve", str(model_dir), "--port", str(port),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(model_dir), "--port", str(port),
             "--scheduler-port", str(scheduler_port), "--worker-port", str(worker_port),
             "--metrics-port", str(metrics_port), "--redis-url", redis_server.url,
             "--kv-cache-memory-bytes", "256MiB", *extra_args]

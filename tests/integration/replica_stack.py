@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.integration.processes import MODEL_DIR, RedisServer
 from tests.support.service_process import ServiceProcess, service_env
 from tests.support.waiting import wait_for
@@ -77,12 +77,13 @@ def start_replica_stack(tmp_dir: Path, redis_server: RedisServer, worker_flags: 
                         routings: tuple[str, ...] = ("prefix", "round-robin")) -> ReplicaStack:
     env = service_env()
     worker_ports, scheduler_ports = [free_port(), free_port()], [free_port(), free_port()]
-    workers = [_start(f"worker-{i}", ["services.gpu_worker", str(MODEL_DIR), "--worker-port", str(port),
+    workers = [_start(f"worker-{i}", ["pagedserve.services.gpu_worker", str(MODEL_DIR), "--worker-port", str(port),
                                       "--num-threads", "1", "--kv-cache-memory-bytes", "256MiB", *worker_flags],
                        tmp_dir, env)
                for i, port in enumerate(worker_ports)]
     schedulers = [_start(f"scheduler-{i}", [
-        "services.scheduler", "--scheduler-port", str(port), "--worker-address", f"127.0.0.1:{worker_ports[i]}",
+        "pagedserve.services.scheduler", "--scheduler-port", str(port), "--worker-address",
+        f"127.0.0.1:{worker_ports[i]}",
         "--instance-id", REPLICA_IDS[i], "--redis-url", redis_server.url, "--redis-prefix-sync-interval-s", "0.05",
         "--redis-stats-interval-s", "0.1", *scheduler_flags], tmp_dir, env) for i, port in enumerate(scheduler_ports)]
     addresses = ",".join(f"127.0.0.1:{port}" for port in scheduler_ports)
@@ -90,7 +91,7 @@ def start_replica_stack(tmp_dir: Path, redis_server: RedisServer, worker_flags: 
     for routing in routings:
         port = free_port()
         gateways[routing] = (_start(f"gateway-{routing}", [
-            "services.gateway", str(MODEL_DIR), "--port", str(port), "--scheduler-address", addresses,
+            "pagedserve.services.gateway", str(MODEL_DIR), "--port", str(port), "--scheduler-address", addresses,
             "--routing", routing, "--redis-url", redis_server.url, "--health-poll-interval-s", "0.5", *gateway_flags],
             tmp_dir, env),
             port)

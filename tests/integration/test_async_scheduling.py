@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from benchmarks.engine.workloads import TOPICS
-from benchmarks.prometheus import parse_prometheus_text
-from services.ports import free_port
+from pagedserve.benchmarks.engine.workloads import TOPICS
+from pagedserve.benchmarks.prometheus import parse_prometheus_text
+from pagedserve.services.ports import free_port
 from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 NUM_DISTINCT = 21
@@ -71,7 +71,7 @@ def kv_blocks_bytes() -> int:
 @contextlib.contextmanager
 def serving(tmp_path, async_scheduling: bool):
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(port),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(MODEL_DIR), "--port", str(port),
             "--scheduler-port", str(free_port()), "--worker-port", str(free_port()), "--metrics-port",
             str(metrics_port), "--dtype", "float32", "--kv-cache-dtype", "float32", "--no-int8-activations",
             "--kv-cache-memory-bytes", str(kv_blocks_bytes()), "--max-model-len", "128",

@@ -22,7 +22,7 @@ TIMEOUT_S = 600  # generous: the machine is shared, and a loaded one compiles an
 def bench_command() -> list[str]:
     """The installed `pagedserve` script next to this Python, else the same entry point as a module."""
     script = Path(sys.executable).parent / "pagedserve"
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "services.cli"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "pagedserve.services.cli"]
 
 
 def run_bench(stack: Stack, model_name: str, out_dir: Path) -> dict:

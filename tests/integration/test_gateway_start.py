@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
 
@@ -15,7 +15,8 @@ def test_gateway_warns_at_start_about_a_model_without_a_chat_template(tmp_path):
         shutil.copy(MODEL_DIR / name, tmp_path / name)
     log_path = tmp_path / "gateway.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "services.gateway", str(tmp_path), "--port", str(free_port()),
+        process = subprocess.Popen([sys.executable, "-m", "pagedserve.services.gateway", str(tmp_path), "--port",
+                                    str(free_port()),
                                     "--scheduler-address", f"127.0.0.1:{free_port()}"], cwd=REPO, stdout=log,
                                    stderr=subprocess.STDOUT)
     try:

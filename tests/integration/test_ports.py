@@ -21,10 +21,10 @@ import grpc
 import httpx
 import pytest
 
-from services.internal_auth import token_metadata
-from services.ports import free_port
-from services.proto_convert.scheduler_contract import stats_from_pb
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.services.internal_auth import token_metadata
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_convert.scheduler_contract import stats_from_pb
+from pagedserve.services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
 from tests.integration.conftest import INTERNAL_TOKEN
 from tests.integration.processes import MODEL_DIR, REPO, wait_for
 
@@ -59,13 +59,14 @@ def _exits_with_port_error(argv: list[str], port: int, flag: str, tmp_path: Path
 
 
 def test_scheduler_refuses_a_port_in_use(reuseport_holder, tmp_path):
-    argv = [sys.executable, "-m", "services.scheduler", "--scheduler-port", str(reuseport_holder),
+    argv = [sys.executable, "-m", "pagedserve.services.scheduler", "--scheduler-port", str(reuseport_holder),
             "--worker-address", f"127.0.0.1:{free_port()}"]
     _exits_with_port_error(argv, reuseport_holder, "--scheduler-port", tmp_path)
 
 
 def test_worker_refuses_a_port_in_use(reuseport_holder, tmp_path):
-    argv = [sys.executable, "-m", "services.gpu_worker", str(MODEL_DIR), "--worker-port", str(reuseport_holder)]
+    argv = [sys.executable, "-m", "pagedserve.services.gpu_worker", str(MODEL_DIR), "--worker-port",
+            str(reuseport_holder)]
     _exits_with_port_error(argv, reuseport_holder, "--worker-port", tmp_path)
 
 
@@ -75,7 +76,7 @@ class Serve:
     def __init__(self, tmp_path: Path, name: str, *flags: str) -> None:
         self.port = free_port()
         self.log_path = tmp_path / f"{name}.log"
-        argv = [sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port", str(self.port),
+        argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(MODEL_DIR), "--port", str(self.port),
                 "--kv-cache-memory-bytes", "128MiB", "--max-model-len", "2048", "--no-torch-compile",
                 "--internal-token", INTERNAL_TOKEN, "--served-model-name", name, *flags]
         with open(self.log_path, "w") as log:
@@ -127,7 +128,7 @@ def test_two_serves_on_the_default_ports_never_share_a_scheduler(tmp_path):
             assert 'pagedserve_http_requests_total{route="/health",status="200"}' in metrics
             assert 'route="/health",status="503"' not in metrics
 
-        third = subprocess.run([sys.executable, "-m", "services.cli", "serve", str(MODEL_DIR), "--port",
+        third = subprocess.run([sys.executable, "-m", "pagedserve.services.cli", "serve", str(MODEL_DIR), "--port",
                                 str(free_port()), "--scheduler-port", str(first.scheduler_port())], cwd=REPO,
                                capture_output=True, text=True, timeout=EXIT_TIMEOUT_S)
         assert third.returncode == 2, third.stdout + third.stderr

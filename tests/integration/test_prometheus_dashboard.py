@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.integration.processes import REPO, wait_for
 from tests.unit.deploy import alert_rules, deploy_checks, deploy_tools
 

@@ -11,11 +11,11 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.ports import free_port
-from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.proto_gen import scheduler_pb2_grpc
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_convert.scheduler_contract import generate_request_to_pb
+from pagedserve.services.proto_gen import scheduler_pb2_grpc
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.integration.processes import REPO, wait_for
 
 
@@ -23,7 +23,8 @@ def test_scheduler_waits_for_its_worker_and_says_so(tmp_path):
     port, metrics_port = free_port(), free_port()
     log_path = tmp_path / "scheduler.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "services.scheduler", "--scheduler-port", str(port),
+        process = subprocess.Popen([sys.executable, "-m", "pagedserve.services.scheduler", "--scheduler-port",
+                                    str(port),
                                     "--worker-address", f"127.0.0.1:{free_port()}", "--metrics-port",
                                     str(metrics_port)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     try:

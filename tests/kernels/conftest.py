@@ -20,7 +20,7 @@ from triton.runtime.interpreter import InterpretedFunction
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     """cpu under the interpreter, cuda when compiling natively; fails if the kernels were built the other way."""
-    from kernels.paged_decode_attention import _decode_split_kernel
+    from pagedserve.kernels.paged_decode_attention import _decode_split_kernel
 
     interpreted = os.environ["TRITON_INTERPRET"] == "1"
     if isinstance(_decode_split_kernel, InterpretedFunction) != interpreted:

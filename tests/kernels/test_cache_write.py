@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cache_write import cache_write
+from pagedserve.kernels.cache_write import cache_write
 from tests.kernels.reference import cache_write_ref
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import kernels.cpu.build as build
+import pagedserve.kernels.cpu.build as build
 
 
 def test_a_cached_library_is_loaded_without_compiling(tmp_path: Path, monkeypatch) -> None:

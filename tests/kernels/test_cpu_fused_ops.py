@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.fused_ops import FusedOps, supports
-from services.gpu_worker.layers.rotary import apply_rotary
+from pagedserve.kernels.cpu.fused_ops import FusedOps, supports
+from pagedserve.services.gpu_worker.layers.rotary import apply_rotary
 
 # fp32: reduction order only; bf16: at most one rounding step of the outputs (values of magnitude up to ~4)
 TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=3e-2, rtol=1e-2)}

@@ -7,8 +7,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from kernels.cpu.int8_linear import PANEL, Int8Linear, pack_grid, supports
-from kernels.cpu.weight_grid import WeightGrid, find_grid
+from pagedserve.kernels.cpu.int8_linear import PANEL, Int8Linear, pack_grid, supports
+from pagedserve.kernels.cpu.weight_grid import WeightGrid, find_grid
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
 OUTLIER = 2.0  # int8_linear.c: an input above this times the rest of its group stays in fp32

@@ -9,8 +9,8 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from kernels.cpu.packed_linear import PANEL, PackedLinear, pack_weight, supports
-from kernels.cpu.weight_grid import find_grid
+from pagedserve.kernels.cpu.packed_linear import PANEL, PackedLinear, pack_weight, supports
+from pagedserve.kernels.cpu.weight_grid import find_grid
 
 
 def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -112,7 +112,7 @@ def test_coded_layout() -> None:
 def test_gguf_block_grids_give_the_fp32_panels_numbers(qtype: str, in_features: int, out_features: int) -> None:
     """A GGUF tensor's blocks as a grid (Q6_K: 8-bit codes in groups of 16) through the coded panels: the numbers
     of its dequantized fp32 weight (gguf.quants) in fp32 panels, bit for bit."""
-    from services.gpu_worker.gguf.blocks import grid_from_blocks
+    from pagedserve.services.gpu_worker.gguf.blocks import grid_from_blocks
     from tests.unit.gpu_worker.tiny_gguf import quantize as gguf_quantize
 
     kind = GGMLQuantizationType[qtype]

@@ -7,11 +7,11 @@ import logging
 import pytest
 import torch
 
-import kernels.cpu.paged_decode as native
-from kernels.cpu.build import KernelBuildError
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+import pagedserve.kernels.cpu.paged_decode as native
+from pagedserve.kernels.cpu.build import KernelBuildError
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kernels.cpu.paged_prefill import NativePagedPrefill, supports
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill, supports
 
 
 def _reference(query, key_cache, value_cache, tables, starts, lens, scale, window) -> torch.Tensor:

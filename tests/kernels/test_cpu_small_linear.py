@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.small_linear import MAX_ROWS, SmallLinear, supports
+from pagedserve.kernels.cpu.small_linear import MAX_ROWS, SmallLinear, supports
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2}  # bf16: one rounding of outputs of magnitude ~10
 

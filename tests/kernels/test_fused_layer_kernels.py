@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fused_rms_norm import fused_rms_norm
-from kernels.rotary_embedding import rotary_in_place
-from kernels.silu_and_mul import fused_silu_and_mul
-from services.gpu_worker.layers.activation import silu_and_mul
-from services.gpu_worker.layers.norm import rms_norm
-from services.gpu_worker.layers.rotary import apply_rotary
+from pagedserve.kernels.fused_rms_norm import fused_rms_norm
+from pagedserve.kernels.rotary_embedding import rotary_in_place
+from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
+from pagedserve.services.gpu_worker.layers.activation import silu_and_mul
+from pagedserve.services.gpu_worker.layers.norm import rms_norm
+from pagedserve.services.gpu_worker.layers.rotary import apply_rotary
 from tests.kernels.tolerances import TOLERANCES
 
 DTYPES = [torch.float32, torch.bfloat16]

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.platforms.cuda import CudaPlatform
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 from tests.kernels.launch_counter import Launches, count_launches
 from tests.unit.gpu_worker.tiny_models import PagedModel, make_tiny_model
 
@@ -61,7 +61,7 @@ def test_counter_sees_the_unfused_cpu_bindings(tmp_path):
 
 
 def test_counter_counts_a_triton_launch_once_and_skips_views(device):
-    from kernels.silu_and_mul import fused_silu_and_mul
+    from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
 
     gate_up = torch.ones(3, 8, device=device)
     with count_launches() as launches:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_decode_attention import (
+from pagedserve.kernels.paged_decode_attention import (
     DecodeWorkspace,
     choose_num_splits,
     paged_decode_attention,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_prefill_attention import paged_prefill_attention
+from pagedserve.kernels.paged_prefill_attention import paged_prefill_attention
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref

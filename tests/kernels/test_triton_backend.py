@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.platforms.cuda import CudaPlatform
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import cache_write_ref, paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref

@@ -6,7 +6,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from kernels.cpu.weight_grid import find_grid
+from pagedserve.kernels.cpu.weight_grid import find_grid
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
 

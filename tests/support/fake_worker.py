@@ -1,6 +1,6 @@
 """A deterministic stand-in for the GPU worker that checks the step protocol and simulates the KV cache.
 
-It keeps the same per-request mirrors as `services.gpu_worker.worker.Worker` (drop finished ids first, mirror
+It keeps the same per-request mirrors as `pagedserve.services.gpu_worker.worker.Worker` (drop finished ids first, mirror
 NewRequests, apply CachedRequest deltas after checking `num_computed_tokens`, sample for requests whose
 computed + scheduled tokens reach the end of their known tokens), but raises `FakeWorkerError` on anything the
 real worker would silently accept or crash on later.
@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import ModelDescription, NewRequest, StepInput, StepOutput
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import ModelDescription, NewRequest, StepInput, StepOutput
 
 ROOT_HASH = b"fake-worker-root"
 

@@ -15,9 +15,9 @@ import dataclasses
 import grpc
 import grpc.aio
 
-from services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
-from shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
-from shared.structured_output import StructuredOutput
+from pagedserve.services.scheduler.worker_monitor import WorkerProbe, WorkerStatus
+from pagedserve.shared.step_protocol import FailedRequest, ModelDescription, StepInput, StepOutput
+from pagedserve.shared.structured_output import StructuredOutput
 from tests.support.fake_worker import FakeWorker, Mirror
 
 SAMPLED_TOKEN = 7

@@ -15,12 +15,12 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.ports import free_port
-from services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
-from shared.integrity_report import IntegrityReport
-from shared.scheduler_stats import SchedulerStats
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_convert.scheduler_contract import integrity_from_pb, stats_from_pb
+from pagedserve.services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.services.scheduler.server import SERVICE_NAME as SCHEDULER_SERVICE
+from pagedserve.shared.integrity_report import IntegrityReport
+from pagedserve.shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR
 from tests.support.service_process import ServiceProcess, service_env
 from tests.support.waiting import wait_for
@@ -56,13 +56,13 @@ class FaultStack:
     def __post_init__(self) -> None:
         python = sys.executable
         self.env = {**self.env, "PAGEDSERVE_INTERNAL_TOKEN": INTERNAL_TOKEN, "PYTHONUNBUFFERED": "1"}
-        self.worker = self._service("worker", [python, "-m", "services.gpu_worker", str(MODEL_DIR),
+        self.worker = self._service("worker", [python, "-m", "pagedserve.services.gpu_worker", str(MODEL_DIR),
                                                "--worker-port", str(self.worker_port), *self.worker_flags])
         self.scheduler = self._service("scheduler", [
-            python, "-m", "services.scheduler", "--scheduler-port", str(self.scheduler_port),
+            python, "-m", "pagedserve.services.scheduler", "--scheduler-port", str(self.scheduler_port),
             "--worker-address", f"127.0.0.1:{self.worker_port}", *SCHEDULER_FLAGS])
         self.gateway = self._service("gateway", [
-            python, "-m", "services.gateway", str(MODEL_DIR), "--port", str(self.port),
+            python, "-m", "pagedserve.services.gateway", str(MODEL_DIR), "--port", str(self.port),
             "--scheduler-address", f"127.0.0.1:{self.scheduler_port}", "--health-poll-interval-s", "0.2"])
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120, trust_env=False)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.scheduler_port}")

@@ -7,26 +7,26 @@ import time
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from services.gateway.api.client_identity import client_key
-from services.gateway.api.generation import ChoiceDelta
-from services.gateway.api.logprobs_format import chat_logprobs
-from services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
-from services.gateway.api.request_fields import check_extra_fields
-from services.gateway.api.request_run import (
+from pagedserve.services.gateway.api.client_identity import client_key
+from pagedserve.services.gateway.api.generation import ChoiceDelta
+from pagedserve.services.gateway.api.logprobs_format import chat_logprobs
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
+from pagedserve.services.gateway.api.request_fields import check_extra_fields
+from pagedserve.services.gateway.api.request_run import (
     collect_until_disconnect,
     replica_header,
     stream_choices,
 )
-from services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
-from services.gateway.api.serving import Serving
-from services.gateway.api.sse_template import TextChunkTemplate, text_marker
-from services.gateway.api.usage import usage_of
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.chat_answer import AnswerParsing, StreamedAnswers, message_of
-from services.gateway.structured.reasoning_grammar import after_reasoning
-from services.gateway.structured.structured_outputs import Constraint, constraint_of
-from services.gateway.structured.tools import ToolPlan, template_messages, tool_constraint, tool_plan_of
-from services.gateway.text.tokenizer import ChatTemplateArgs
+from pagedserve.services.gateway.api.sampling import MAX_LOGPROBS, RequestShape
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.api.sse_template import TextChunkTemplate, text_marker
+from pagedserve.services.gateway.api.usage import usage_of
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.chat_answer import AnswerParsing, StreamedAnswers, message_of
+from pagedserve.services.gateway.structured.reasoning_grammar import after_reasoning
+from pagedserve.services.gateway.structured.structured_outputs import Constraint, constraint_of
+from pagedserve.services.gateway.structured.tools import ToolPlan, template_messages, tool_constraint, tool_plan_of
+from pagedserve.services.gateway.text.tokenizer import ChatTemplateArgs
 
 ENDPOINT = "chat"
 

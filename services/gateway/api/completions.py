@@ -8,22 +8,22 @@ import time
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from services.gateway.api.client_identity import client_key
-from services.gateway.api.generation import ChoiceDelta
-from services.gateway.api.logprobs_format import completion_logprobs
-from services.gateway.api.protocol import CompletionRequest
-from services.gateway.api.request_fields import check_extra_fields
-from services.gateway.api.request_run import (
+from pagedserve.services.gateway.api.client_identity import client_key
+from pagedserve.services.gateway.api.generation import ChoiceDelta
+from pagedserve.services.gateway.api.logprobs_format import completion_logprobs
+from pagedserve.services.gateway.api.protocol import CompletionRequest
+from pagedserve.services.gateway.api.request_fields import check_extra_fields
+from pagedserve.services.gateway.api.request_run import (
     collect_until_disconnect,
     replica_header,
     stream_choices,
 )
-from services.gateway.api.sampling import RequestShape, check_token_ids
-from services.gateway.api.serving import Serving
-from services.gateway.api.sse_template import TextChunkTemplate, text_marker
-from services.gateway.api.usage import usage_of
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.structured_outputs import constraint_of
+from pagedserve.services.gateway.api.sampling import RequestShape, check_token_ids
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.api.sse_template import TextChunkTemplate, text_marker
+from pagedserve.services.gateway.api.usage import usage_of
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.structured_outputs import constraint_of
 
 ENDPOINT = "completions"
 SHAPE = RequestShape("prompt", "max_tokens", "logprobs")

@@ -7,7 +7,7 @@ import contextlib
 
 from starlette.requests import Request
 
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 
 async def unless_disconnected(request: Request, future: asyncio.Future, cut: asyncio.Future):

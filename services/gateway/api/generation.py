@@ -13,13 +13,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from services.gateway.routing.resumption import generate_resuming
-from services.gateway.routing.router import Router
-from services.gateway.text.detokenizer import IncrementalDetokenizer
-from services.gateway.text.stop_strings import StopStringMatcher
-from services.gateway.text.tokenizer import PromptTokenizer
-from shared.request_io import GenerateRequest
-from shared.step_protocol import TokenLogprobs
+from pagedserve.services.gateway.routing.resumption import generate_resuming
+from pagedserve.services.gateway.routing.router import Router
+from pagedserve.services.gateway.text.detokenizer import IncrementalDetokenizer
+from pagedserve.services.gateway.text.stop_strings import StopStringMatcher
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.gateway.text.tokenizer import PromptTokenizer
-from shared.step_protocol import TokenLogprobs
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 
 def _entry(tokenizer: PromptTokenizer, token_id: int, logprob: float) -> dict:

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.gateway.api.protocol import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
-from services.gateway.api.sampling import MAX_LOGPROBS
-from shared.sampling_bounds import NUMBER_RANGES
-from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX
-from shared.step_protocol import ModelDescription
+from pagedserve.services.gateway.api.protocol import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from pagedserve.services.gateway.api.sampling import MAX_LOGPROBS
+from pagedserve.shared.sampling_bounds import NUMBER_RANGES
+from pagedserve.shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX
+from pagedserve.shared.step_protocol import ModelDescription
 
 _TOKEN_ID_FIELDS = ("prompt", "tokens", "stop_token_ids")
 _ERROR_STATUSES = {400: "Bad request: the message names the field (`param`)", 401: "Missing or wrong API key",

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from services.gateway.api.protocol import SamplingFields
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.api.protocol import SamplingFields
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 MAX_WARNED = 256  # unknown names warned about once each, at most this many (a client cannot grow the set forever)

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 from opentelemetry import trace
 from starlette.requests import Request
 
-from services.gateway.api.disconnect import unless_disconnected
-from services.gateway.api.generation import (
+from pagedserve.services.gateway.api.disconnect import unless_disconnected
+from pagedserve.services.gateway.api.generation import (
     ChoiceDelta,
     ChoiceJob,
     ChoiceResult,
@@ -19,12 +19,12 @@ from services.gateway.api.generation import (
     merge_choices,
     stream_choice,
 )
-from services.gateway.api.serving import Serving
-from services.gateway.api.sse import sse_events
-from services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
-from services.gateway.api.usage import UsageTracker
-from services.gateway.tenants.current import current_tenant
-from shared.tracing import gen_ai_request_attributes, get_tracer, record_error
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.api.sse import sse_events
+from pagedserve.services.gateway.api.stream_response import StallGuardedStream, first_delta_or_error
+from pagedserve.services.gateway.api.usage import UsageTracker
+from pagedserve.services.gateway.tenants.current import current_tenant
+from pagedserve.shared.tracing import gen_ai_request_attributes, get_tracer, record_error
 
 _OPERATIONS = {"chat": "chat", "completions": "text_completion"}  # endpoint -> gen_ai.operation.name
 REPLICA_HEADER = "X-Pagedserve-Replica"

@@ -22,8 +22,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from redis.exceptions import RedisError
 
-from services.gateway.http.errors import OpenAIError
-from shared.redis_client import bounded_client
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.shared.redis_client import bounded_client
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "pagedserve:response:"

@@ -17,15 +17,15 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter, ValidationError
 from starlette.requests import Request
 
-from services.gateway.api.chat import create_chat_completion
-from services.gateway.api.request_run import REPLICA_HEADER
-from services.gateway.api.response_store import ResponseStore, StoredResponse
-from services.gateway.api.responses_input import chat_request, input_items, responses_param
-from services.gateway.api.responses_output import ResponseBuilder, ResponseHead, build_whole, new_id
-from services.gateway.api.responses_protocol import InputItem, ResponsesRequest
-from services.gateway.api.responses_stream import response_events
-from services.gateway.api.serving import Serving
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.api.chat import create_chat_completion
+from pagedserve.services.gateway.api.request_run import REPLICA_HEADER
+from pagedserve.services.gateway.api.response_store import ResponseStore, StoredResponse
+from pagedserve.services.gateway.api.responses_input import chat_request, input_items, responses_param
+from pagedserve.services.gateway.api.responses_output import ResponseBuilder, ResponseHead, build_whole, new_id
+from pagedserve.services.gateway.api.responses_protocol import InputItem, ResponsesRequest
+from pagedserve.services.gateway.api.responses_stream import response_events
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 _ITEMS = TypeAdapter(list[InputItem])
 

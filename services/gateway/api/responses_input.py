@@ -8,15 +8,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from services.gateway.api.protocol import ChatCompletionRequest, FunctionDefinition
-from services.gateway.api.responses_protocol import (
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest, FunctionDefinition
+from pagedserve.services.gateway.api.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
     InputItem,
     MessageItem,
     ResponsesRequest,
 )
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 SAMPLING_EXTRAS = ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "chat_template_kwargs")
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from services.gateway.api.protocol import _Body, _Request
+from pagedserve.services.gateway.api.protocol import _Body, _Request
 
 
 class TextPart(_Body):

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from services.gateway.api.responses_output import ResponseBuilder
+from pagedserve.services.gateway.api.responses_output import ResponseBuilder
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.gateway.api.protocol import SamplingFields
-from services.gateway.http.errors import OpenAIError
-from shared.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, SamplingParamsError
-from shared.structured_output import StructuredOutput
+from pagedserve.services.gateway.api.protocol import SamplingFields
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.shared.sampling_params import INT64_MAX, INT64_MIN, SamplingParams, SamplingParamsError
+from pagedserve.shared.structured_output import StructuredOutput
 
 # generation_config.json key -> SamplingParams field it provides a default for
 _GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",

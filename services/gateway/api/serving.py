@@ -9,33 +9,41 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from services.gateway.api.generation import ChoiceJob
-from services.gateway.api.protocol import SamplingFields
-from services.gateway.api.response_store import ResponseStore, open_store
-from services.gateway.api.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
-from services.gateway.config import GatewayConfig
-from services.gateway.http.admission import Admission
-from services.gateway.http.errors import OpenAIError
-from services.gateway.http.metrics import GatewayMetrics
-from services.gateway.routing.prefix_mirror import PrefixMirror
-from services.gateway.routing.replica_gauges import ReplicaStateCollector
-from services.gateway.routing.replicas import ReplicaSet
-from services.gateway.routing.router import Router, RouterConfig
-from services.gateway.routing.router_metrics import RouterMetrics
-from services.gateway.structured.grammar_check import GrammarChecker
-from services.gateway.structured.reasoning_parsers import REASONING_FORMATS, ReasoningFormat, default_reasoning_parser
-from services.gateway.structured.structured_outputs import Constraint
-from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, ToolCallFormat, default_tool_call_parser
-from services.gateway.tenants.cache_salt import tenant_cache_salt
-from services.gateway.tenants.current import current_tenant
-from services.gateway.tenants.keys_file import Tenant
-from services.gateway.tenants.metrics import TenantMetrics
-from services.gateway.tenants.rate_limit import RateLimiter
-from services.gateway.tenants.registry import TenantRegistry
-from services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
-from shared.request_io import GenerateRequest
-from shared.step_protocol import ModelDescription
-from shared.structured_output import StructuredOutput
+from pagedserve.services.gateway.api.generation import ChoiceJob
+from pagedserve.services.gateway.api.protocol import SamplingFields
+from pagedserve.services.gateway.api.response_store import ResponseStore, open_store
+from pagedserve.services.gateway.api.sampling import ModelLimits, RequestShape, build_sampling_params, prompt_too_long
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.http.admission import Admission
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.http.metrics import GatewayMetrics
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.gateway.routing.replica_gauges import ReplicaStateCollector
+from pagedserve.services.gateway.routing.replicas import ReplicaSet
+from pagedserve.services.gateway.routing.router import Router, RouterConfig
+from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+from pagedserve.services.gateway.structured.grammar_check import GrammarChecker
+from pagedserve.services.gateway.structured.reasoning_parsers import (
+    REASONING_FORMATS,
+    ReasoningFormat,
+    default_reasoning_parser,
+)
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.services.gateway.structured.tool_parsers import (
+    TOOL_CALL_FORMATS,
+    ToolCallFormat,
+    default_tool_call_parser,
+)
+from pagedserve.services.gateway.tenants.cache_salt import tenant_cache_salt
+from pagedserve.services.gateway.tenants.current import current_tenant
+from pagedserve.services.gateway.tenants.keys_file import Tenant
+from pagedserve.services.gateway.tenants.metrics import TenantMetrics
+from pagedserve.services.gateway.tenants.rate_limit import RateLimiter
+from pagedserve.services.gateway.tenants.registry import TenantRegistry
+from pagedserve.services.gateway.text.tokenizer import ChatTemplateArgs, PromptTokenizer, PromptTooLong
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.step_protocol import ModelDescription
+from pagedserve.shared.structured_output import StructuredOutput
 
 log = logging.getLogger(__name__)
 

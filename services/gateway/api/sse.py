@@ -6,9 +6,9 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 
-from services.gateway.api.generation import ChoiceDelta
-from services.gateway.api.usage import UsageTracker
-from services.gateway.http.errors import to_openai_error
+from pagedserve.services.gateway.api.generation import ChoiceDelta
+from pagedserve.services.gateway.api.usage import UsageTracker
+from pagedserve.services.gateway.http.errors import to_openai_error
 
 
 def sse(data: dict) -> str:

@@ -13,9 +13,9 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
-from services.gateway.api.disconnect import cancel_quietly, unless_disconnected
-from services.gateway.api.generation import ChoiceDelta
-from services.gateway.http.admission import Admission
+from pagedserve.services.gateway.api.disconnect import cancel_quietly, unless_disconnected
+from pagedserve.services.gateway.api.generation import ChoiceDelta
+from pagedserve.services.gateway.http.admission import Admission
 
 log = logging.getLogger(__name__)
 

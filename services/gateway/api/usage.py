@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.api.generation import ChoiceDelta, ChoiceResult
+from pagedserve.services.gateway.api.generation import ChoiceDelta, ChoiceResult
 
 
 class UsageTracker:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.gateway.http.errors import OpenAIError, error_response
+from pagedserve.services.gateway.http.errors import OpenAIError, error_response
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 WORK_PATHS = GENERATION_PATHS | {"/tokenize", "/detokenize"}

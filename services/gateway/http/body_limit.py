@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.http.errors import RequestTooLarge, error_response
+from pagedserve.services.gateway.http.errors import RequestTooLarge, error_response
 
 
 class BodyLimit:

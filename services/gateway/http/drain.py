@@ -15,9 +15,9 @@ import time
 
 import uvicorn
 
-from services.gateway.http.admission import Admission
-from services.gateway.http.errors import OpenAIError
-from shared.drain_timing import CUT_GRACE_S
+from pagedserve.services.gateway.http.admission import Admission
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.shared.drain_timing import CUT_GRACE_S
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared.sampling_params import SamplingParamsError
+from pagedserve.shared.sampling_params import SamplingParamsError
 
 log = logging.getLogger(__name__)
 

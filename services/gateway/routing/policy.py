@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from services.gateway.routing.replicas import Replica
+    from pagedserve.services.gateway.routing.replicas import Replica
 
 RoutingPolicy = Literal["prefix", "least-load", "round-robin"]
 

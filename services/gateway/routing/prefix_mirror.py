@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from shared.cancellation import raise_if_cancelled
-from shared.redis_client import ReconnectBackoff, bounded_client
-from shared.redis_url import masked_url
-from shared.replica_keys import DELTA, PrefixEvent, prefix_blocks_key, prefix_events_key, stats_key
+from pagedserve.shared.cancellation import raise_if_cancelled
+from pagedserve.shared.redis_client import ReconnectBackoff, bounded_client
+from pagedserve.shared.redis_url import masked_url
+from pagedserve.shared.replica_keys import DELTA, PrefixEvent, prefix_blocks_key, prefix_events_key, stats_key
 
 log = logging.getLogger(__name__)
 _BLOCK_MS = 100  # how long one XREAD waits for new entries

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
-from services.gateway.routing.block_overlap import OverlapCache
-from services.gateway.routing.router import Router
+from pagedserve.services.gateway.routing.block_overlap import OverlapCache
+from pagedserve.services.gateway.routing.router import Router
 
 
 class ReplicaStateCollector:

@@ -23,11 +23,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from services.gateway.routing.loop_lag import LoopLag
-from services.gateway.routing.replica_addresses import Target, resolve
-from shared.request_io import GenerateRequest, RequestOutput
-from shared.scheduler_stats import SchedulerStats
-from shared.step_protocol import ModelDescription
+from pagedserve.services.gateway.routing.loop_lag import LoopLag
+from pagedserve.services.gateway.routing.replica_addresses import Target, resolve
+from pagedserve.shared.request_io import GenerateRequest, RequestOutput
+from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.step_protocol import ModelDescription
 
 log = logging.getLogger(__name__)
 

@@ -31,9 +31,9 @@ import grpc
 import grpc.aio
 from opentelemetry import trace
 
-from services.gateway.routing.replicas import Replica
-from services.gateway.routing.router import Router
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.services.gateway.routing.replicas import Replica
+from pagedserve.services.gateway.routing.router import Router
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
 
 log = logging.getLogger(__name__)
 

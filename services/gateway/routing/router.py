@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from services.gateway.http.errors import OpenAIError, admit_after_s
-from services.gateway.routing.policy import (
+from pagedserve.services.gateway.http.errors import OpenAIError, admit_after_s
+from pagedserve.services.gateway.routing.policy import (
     Candidate,
     Choice,
     Route,
@@ -32,11 +32,11 @@ from services.gateway.routing.policy import (
     choose_round_robin,
     rendezvous_ranks,
 )
-from services.gateway.routing.prefix_mirror import PrefixMirror
-from services.gateway.routing.replicas import Replica, ReplicaSet
-from services.gateway.routing.router_metrics import RouterMetrics
-from shared.block_hashes import ROOT_KEY, block_key, prompt_block_keys
-from shared.request_io import GenerateRequest, RequestOutput
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.gateway.routing.replicas import Replica, ReplicaSet
+from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+from pagedserve.shared.block_hashes import ROOT_KEY, block_key, prompt_block_keys
+from pagedserve.shared.request_io import GenerateRequest, RequestOutput
 
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNKNOWN,
                        grpc.StatusCode.INTERNAL, grpc.StatusCode.ABORTED})

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 if TYPE_CHECKING:
-    from services.gateway.routing.policy import Route
+    from pagedserve.services.gateway.routing.policy import Route
 
 _DECISION_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01)
 _REPLICA = ("replica",)

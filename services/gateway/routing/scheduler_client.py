@@ -9,16 +9,20 @@ import grpc
 import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.gateway.routing.replicas import Health, ReplicaIdentity
-from services.internal_auth import token_metadata
-from services.internal_tls import InternalTLSConfig, aio_channel
-from services.proto_convert.common import description_from_pb
-from services.proto_convert.scheduler_contract import generate_request_to_pb, output_from_chunk, stats_from_pb
-from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
-from shared.request_io import GenerateRequest, RequestOutput
-from shared.scheduler_stats import SchedulerStats
-from shared.step_protocol import ModelDescription
-from shared.tracing import outgoing_metadata
+from pagedserve.services.gateway.routing.replicas import Health, ReplicaIdentity
+from pagedserve.services.internal_auth import token_metadata
+from pagedserve.services.internal_tls import InternalTLSConfig, aio_channel
+from pagedserve.services.proto_convert.common import description_from_pb
+from pagedserve.services.proto_convert.scheduler_contract import (
+    generate_request_to_pb,
+    output_from_chunk,
+    stats_from_pb,
+)
+from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.shared.request_io import GenerateRequest, RequestOutput
+from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.step_protocol import ModelDescription
+from pagedserve.shared.tracing import outgoing_metadata
 
 SCHEDULER_SERVICE = "pagedserve.v1.SchedulerService"
 # A scheduler that comes back is reconnected within about 2 s (gRPC's default backoff grows to 120 s).

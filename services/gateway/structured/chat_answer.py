@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gateway.api.generation import ChoiceResult
-from services.gateway.structured.chat_tool_calls import delta_of, finish_reason
-from services.gateway.structured.reasoning_parsers import ReasoningFormat, ReasoningSplitter
-from services.gateway.structured.tool_parser import ToolCallDelta, ToolCallParser
-from services.gateway.structured.tools import ToolPlan
+from pagedserve.services.gateway.api.generation import ChoiceResult
+from pagedserve.services.gateway.structured.chat_tool_calls import delta_of, finish_reason
+from pagedserve.services.gateway.structured.reasoning_parsers import ReasoningFormat, ReasoningSplitter
+from pagedserve.services.gateway.structured.tool_parser import ToolCallDelta, ToolCallParser
+from pagedserve.services.gateway.structured.tools import ToolPlan
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.gateway.structured.tool_parser import ToolCallDelta
-from services.gateway.structured.tools import ToolPlan
+from pagedserve.services.gateway.structured.tool_parser import ToolCallDelta
+from pagedserve.services.gateway.structured.tools import ToolPlan
 
 
 def finish_reason(plan: ToolPlan, finish: str | None, num_calls: int) -> str | None:

@@ -20,10 +20,10 @@ import logging
 from collections import OrderedDict
 from dataclasses import replace
 
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.grammar_child import GrammarChild, Verdict, child_command
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.grammar_child import GrammarChild, Verdict, child_command
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.shared.structured_output import StructuredOutput
 
 log = logging.getLogger(__name__)
 MAX_CACHED = 4096

@@ -1,4 +1,5 @@
-"""One grammar-compiling child process (`python -m services.gateway.structured.grammar_child MODEL VOCAB STOP_IDS`):
+"""One grammar-compiling child process (`python -m pagedserve.services.gateway.structured.grammar_child MODEL VOCAB
+STOP_IDS`):
 JSON lines in on stdin, one answer line out per grammar.
 
 The grammar engine compiles in native code that cannot be interrupted; a child can be killed. A grammar that
@@ -14,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, replace
 
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 START_TIMEOUT_S = 300.0  # importing xgrammar and loading the tokenizer, on a busy machine
 
@@ -80,7 +81,7 @@ class GrammarChild:
 
 
 def child_command(model_dir: str, vocab_size: int, stop_token_ids: tuple[int, ...]) -> list[str]:
-    return [sys.executable, "-m", "services.gateway.structured.grammar_child", model_dir, str(vocab_size),
+    return [sys.executable, "-m", "pagedserve.services.gateway.structured.grammar_child", model_dir, str(vocab_size),
             ",".join(map(str, stop_token_ids))]
 
 
@@ -90,7 +91,7 @@ def _serve(model_dir: str, vocab_size: int, stop_token_ids: tuple[int, ...]) -> 
     _die_with_parent()
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
-    from shared.grammar_cache import GrammarCache, GrammarError
+    from pagedserve.shared.grammar_cache import GrammarCache, GrammarError
 
     cache = GrammarCache(model_dir, vocab_size, stop_token_ids, max_cached_bytes=0, num_threads=1)
     cache.get(StructuredOutput(StructuredOutputKind.JSON_OBJECT, ""))  # loads the tokenizer before answering
@@ -118,7 +119,7 @@ def _die_with_parent() -> None:
 
 def _compiled_kind(cache, structured: StructuredOutput, vocab_size: int) -> StructuredOutputKind:
     """The kind that compiled: a `grammar` that is not EBNF may be Lark (vLLM takes both under one name)."""
-    from shared.grammar_cache import GrammarError
+    from pagedserve.shared.grammar_cache import GrammarError
 
     try:
         _check_matches_something(cache.get(structured), vocab_size)
@@ -139,7 +140,7 @@ def _check_matches_something(compiled, vocab_size: int) -> None:
     would otherwise drop it and generate free text."""
     import xgrammar as xgr
 
-    from shared.grammar_cache import GrammarError
+    from pagedserve.shared.grammar_cache import GrammarError
 
     matcher = xgr.GrammarMatcher(compiled)
     bitmask = xgr.allocate_token_bitmask(1, vocab_size)

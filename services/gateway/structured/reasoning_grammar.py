@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.reasoning_parsers import ReasoningFormat
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.reasoning_parsers import ReasoningFormat
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 BETWEEN = {"type": "regex", "pattern": "\\s{0,2}"}  # the newlines models write after </think>
 

@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.api.protocol import ResponseFormat, SamplingFields, StructuredOutputsParams
-from services.gateway.http.errors import OpenAIError
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.api.protocol import ResponseFormat, SamplingFields, StructuredOutputsParams
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 # JSON schema keywords the grammar engine (xgrammar 0.2) accepts but does not enforce: `strict` refuses them
 UNENFORCED_KEYWORDS = ("not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains",

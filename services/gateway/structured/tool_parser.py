@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gateway.structured.tool_parsers.base import ParsedCall, ToolCallFormat
+from pagedserve.services.gateway.structured.tool_parsers.base import ParsedCall, ToolCallFormat
 
 MIN_CUT_TRIGGER = 2  # an output that ends in this much of a trigger (`<t`) was opening a call: it is dropped
 

@@ -23,12 +23,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.api.protocol import ChatCompletionRequest, ChatMessage, FunctionDefinition
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.structured_outputs import Constraint, check_schema
-from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
-from services.gateway.structured.tool_parsers.base import NO_PARAMETERS, ToolCallFormat
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest, ChatMessage, FunctionDefinition
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.structured_outputs import Constraint, check_schema
+from pagedserve.services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from pagedserve.services.gateway.structured.tool_parsers.base import NO_PARAMETERS, ToolCallFormat
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 TRAILING_WHITESPACE = {"type": "regex", "pattern": "\\s?"}  # after the last call, before the end
 

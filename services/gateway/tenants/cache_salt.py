@@ -9,7 +9,7 @@ unsalted entries it has always used; it is the only tenant of such a gateway.
 
 from __future__ import annotations
 
-from services.gateway.tenants.keys_file import DEFAULT_TENANT, Tenant
+from pagedserve.services.gateway.tenants.keys_file import DEFAULT_TENANT, Tenant
 
 SEPARATOR = "\x1f"  # ASCII unit separator: never in a tenant name
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
-from services.gateway.tenants.keys_file import DEFAULT_TENANT, Tenant
+from pagedserve.services.gateway.tenants.keys_file import DEFAULT_TENANT, Tenant
 
 _OPEN = Tenant(DEFAULT_TENANT)
 _CURRENT: ContextVar[Tenant] = ContextVar("pagedserve_tenant", default=_OPEN)

@@ -13,14 +13,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from services.gateway.http.admission import GENERATION_PATHS
-from services.gateway.http.errors import OpenAIError, error_response
-from services.gateway.http.metrics import GatewayMetrics
-from services.gateway.tenants.current import set_current_tenant
-from services.gateway.tenants.keys_file import Tenant
-from services.gateway.tenants.metrics import TenantMetrics
-from services.gateway.tenants.rate_limit import RateDecision, RateLimiter
-from services.gateway.tenants.registry import TenantRegistry
+from pagedserve.services.gateway.http.admission import GENERATION_PATHS
+from pagedserve.services.gateway.http.errors import OpenAIError, error_response
+from pagedserve.services.gateway.http.metrics import GatewayMetrics
+from pagedserve.services.gateway.tenants.current import set_current_tenant
+from pagedserve.services.gateway.tenants.keys_file import Tenant
+from pagedserve.services.gateway.tenants.metrics import TenantMetrics
+from pagedserve.services.gateway.tenants.rate_limit import RateDecision, RateLimiter
+from pagedserve.services.gateway.tenants.registry import TenantRegistry
 
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 UNMATCHED = "unmatched"

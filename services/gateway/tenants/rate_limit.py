@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.gateway.tenants.keys_file import Tenant
-from shared.redis_url import masked_url
+from pagedserve.services.gateway.tenants.keys_file import Tenant
+from pagedserve.shared.redis_url import masked_url
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Callable
 
-from services.gateway.tenants.keys_file import (
+from pagedserve.services.gateway.tenants.keys_file import (
     DEFAULT_TENANT,
     KeysFileError,
     KeyTable,

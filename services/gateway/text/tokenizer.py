@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 from tokenizers import Tokenizer, decoders
 from transformers import AutoTokenizer
 
-from services.gateway.http.errors import OpenAIError
-from services.gateway.text.chat_template import load_chat_template
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.text.chat_template import load_chat_template
 
 # apply_chat_template arguments a request's chat_template_kwargs may not set (they change what the call returns)
 _RESERVED_KWARGS = frozenset({"conversation", "messages", "chat_template", "tokenize", "return_dict",

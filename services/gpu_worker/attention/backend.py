@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)

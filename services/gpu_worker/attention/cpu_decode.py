@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.compiling import compile_function
+from pagedserve.services.gpu_worker.compiling import compile_function
 
 
 def paged_decode(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -7,7 +7,7 @@ from functools import cached_property
 
 import torch
 
-from services.gpu_worker.step_rows import StepRows
+from pagedserve.services.gpu_worker.step_rows import StepRows
 
 
 @dataclass

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.cpu_decode import paged_decode
-from services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.cpu_decode import paged_decode
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 log = logging.getLogger(__name__)
 SHORT_CHUNK = 128  # 16-bit chunks up to this many queries over a cached context skip SDPA (_short_chunk_attention)

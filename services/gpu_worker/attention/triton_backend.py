@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cache_write import cache_write
-from kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
-from kernels.paged_prefill_attention import paged_prefill_attention
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.kernels.cache_write import cache_write
+from pagedserve.kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
+from pagedserve.kernels.paged_prefill_attention import paged_prefill_attention
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 
 class TritonAttentionBackend(AttentionBackend):

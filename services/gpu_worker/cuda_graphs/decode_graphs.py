@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.cuda_graphs.graph_backend import CapturedGraph, GraphBackend
-from services.gpu_worker.cuda_graphs.static_inputs import DecodeViews, StaticInputs
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.platforms.platform import ModelForward
-from services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.cuda_graphs.graph_backend import CapturedGraph, GraphBackend
+from pagedserve.services.gpu_worker.cuda_graphs.static_inputs import DecodeViews, StaticInputs
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.platforms.platform import ModelForward
+from pagedserve.services.gpu_worker.request_state import RequestState
 
 log = logging.getLogger(__name__)
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

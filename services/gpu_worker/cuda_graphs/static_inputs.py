@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.request_state import RequestState
 
 NUM_FIELDS = 6
 

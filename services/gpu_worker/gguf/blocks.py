@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
 
-from kernels.cpu.weight_grid import WeightGrid
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
 
 PLAIN_TYPES = (T.F32, T.F16, T.BF16)
 GRID_TYPES = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K)

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 from gguf import GGUFReader
 
-from kernels.cpu.weight_grid import WeightGrid
-from services.gpu_worker.gguf.blocks import PLAIN_TYPES, check_type, grid_from_blocks, plain_tensor
-from services.gpu_worker.model_config import ModelConfig
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
+from pagedserve.services.gpu_worker.gguf.blocks import PLAIN_TYPES, check_type, grid_from_blocks, plain_tensor
+from pagedserve.services.gpu_worker.model_config import ModelConfig
 
 Weight = torch.Tensor | WeightGrid
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.checkpoint_keys import to_model_state
-from services.gpu_worker.coded_model import build_coded_model
-from services.gpu_worker.gguf.checkpoint import Weight, concat_rows, read_gguf
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.checkpoint_keys import to_model_state
+from pagedserve.services.gpu_worker.coded_model import build_coded_model
+from pagedserve.services.gpu_worker.gguf.checkpoint import Weight, concat_rows, read_gguf
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 
 def gguf_model_state(path: str | Path, config: ModelConfig) -> dict[str, Weight]:

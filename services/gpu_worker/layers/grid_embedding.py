@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from kernels.cpu.packed_linear import PANEL, PackedWeight
+from pagedserve.kernels.cpu.packed_linear import PANEL, PackedWeight
 
 
 class GridEmbedding(nn.Module):

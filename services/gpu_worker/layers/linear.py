@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.step_rows import StepRows
+from pagedserve.services.gpu_worker.step_rows import StepRows
 
 if TYPE_CHECKING:
-    from kernels.cpu.weight_grid import WeightGrid
+    from pagedserve.kernels.cpu.weight_grid import WeightGrid
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x [rows, in] -> x @ weight.T (+ bias), for one bound weight
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from services.gpu_worker.model_config import RopeConfig
+from pagedserve.services.gpu_worker.model_config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -10,13 +10,13 @@ import logging
 import os
 from dataclasses import replace
 
-from services.gpu_worker.parallel.group import join_group, leave_group
-from services.gpu_worker.parallel.step_message import StepMessage
-from services.gpu_worker.platforms import resolve_device
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import NewRequest
+from pagedserve.services.gpu_worker.parallel.group import join_group, leave_group
+from pagedserve.services.gpu_worker.parallel.step_message import StepMessage
+from pagedserve.services.gpu_worker.platforms import resolve_device
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.step_protocol import NewRequest
 
 log = logging.getLogger(__name__)
 

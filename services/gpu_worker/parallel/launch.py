@@ -8,14 +8,14 @@ import multiprocessing
 import os
 from dataclasses import replace
 
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.parallel.follower import run_follower
-from services.gpu_worker.parallel.group import free_init_method, join_group
-from services.gpu_worker.parallel.leader import TensorParallelLeader
-from services.gpu_worker.parallel.shard_plan import ShardPlan
-from services.gpu_worker.platforms import resolve_device
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.parallel.follower import run_follower
+from pagedserve.services.gpu_worker.parallel.group import free_init_method, join_group
+from pagedserve.services.gpu_worker.parallel.leader import TensorParallelLeader
+from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
+from pagedserve.services.gpu_worker.platforms import resolve_device
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.layers.linear import LinearKernel
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.parallel.group import TensorParallelGroup
-from services.gpu_worker.parallel.shard_plan import ShardPlan
-from services.gpu_worker.step_rows import StepRows
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.layers.linear import LinearKernel
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
+from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
+from pagedserve.services.gpu_worker.step_rows import StepRows
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -15,12 +15,12 @@ import time
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 
-from services.gpu_worker.parallel.group import TensorParallelGroup, leave_group
-from services.gpu_worker.parallel.step_message import StepMessage
-from services.gpu_worker.pending_output import PendingOutput
-from services.gpu_worker.worker import PendingStep, Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.step_protocol import StepInput
+from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup, leave_group
+from pagedserve.services.gpu_worker.parallel.step_message import StepMessage
+from pagedserve.services.gpu_worker.pending_output import PendingOutput
+from pagedserve.services.gpu_worker.worker import PendingStep, Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.step_protocol import StepInput
 
 log = logging.getLogger(__name__)
 FOLLOWER_STOP_S = 10.0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
 if TYPE_CHECKING:
-    from services.gpu_worker.parallel.group import TensorParallelGroup
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 
 def rank_kv_budget_bytes(platform: Platform, config: WorkerConfig, tp: TensorParallelGroup | None) -> int:

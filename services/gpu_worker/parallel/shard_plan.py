@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from services.gpu_worker.model_config import ModelConfig, UnsupportedModelError
+from pagedserve.services.gpu_worker.model_config import ModelConfig, UnsupportedModelError
 
 _COLUMN = re.compile(r"\.(q_proj|k_proj|v_proj|gate_proj|up_proj)\.(weight|bias)$")
 _ROW = re.compile(r"\.(o_proj|down_proj)\.(weight|bias)$")

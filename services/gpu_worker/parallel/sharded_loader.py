@@ -8,17 +8,17 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.checkpoint_keys import to_model_state
-from services.gpu_worker.dummy_weights import dummy_state
-from services.gpu_worker.loader import checkpoint_files, read_checkpoint
-from services.gpu_worker.model_config import UnsupportedModelError
-from services.gpu_worker.parallel.group import TensorParallelGroup
-from services.gpu_worker.parallel.layers import ParallelDecoderLM
-from services.gpu_worker.parallel.shard_plan import ShardPlan
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.checkpoint_keys import to_model_state
+from pagedserve.services.gpu_worker.dummy_weights import dummy_state
+from pagedserve.services.gpu_worker.loader import checkpoint_files, read_checkpoint
+from pagedserve.services.gpu_worker.model_config import UnsupportedModelError
+from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
+from pagedserve.services.gpu_worker.parallel.layers import ParallelDecoderLM
+from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
 
 if TYPE_CHECKING:
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 
 def read_shard(model_dir: str | Path, plan: ShardPlan) -> dict[str, torch.Tensor]:

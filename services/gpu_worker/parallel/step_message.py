@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.step_protocol import StepInput
+from pagedserve.shared.step_protocol import StepInput
 
 
 @dataclass

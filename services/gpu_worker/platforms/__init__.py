@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.platforms.platform import Platform
-from services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.gpu_worker.platforms.platform import Platform
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
 
 def resolve_device(name: str) -> torch.device:
@@ -19,11 +19,11 @@ def platform_for(config: WorkerConfig) -> Platform:
     """The platform of the configured device, with the configured kernel options."""
     device = resolve_device(config.device)
     if device.type == "cuda":
-        from services.gpu_worker.platforms.cuda import CudaPlatform
+        from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 
         return CudaPlatform(device, config.torch_compile, config.batch_invariant)
     if device.type == "cpu":
-        from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+        from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
 
         return CpuPlatform.from_config(config)
     raise ValueError(f"no platform for device {config.device!r}: use cpu, cuda or cuda:N")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.layers.linear import PlainLinear
-from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.model import MLP, Attention, DecoderLM
-from services.gpu_worker.platforms.platform import Platform
-from services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.layers.linear import PlainLinear
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.services.gpu_worker.model import MLP, Attention, DecoderLM
+from pagedserve.services.gpu_worker.platforms.platform import Platform
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
 
 class CudaPlatform(Platform):
@@ -41,7 +41,7 @@ class CudaPlatform(Platform):
                           cache_dtype: torch.dtype, block_size: int) -> AttentionBackend:
         if self.backend_name(name) == "torch":
             return TorchAttentionBackend(shape, compiled_paged_decode() if self.torch_compile else paged_decode)
-        from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+        from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend(shape)
 
@@ -49,9 +49,9 @@ class CudaPlatform(Platform):
         """F.linear for every linear (a lone row is one GEMV here: no two-row workaround) and the fused Triton
         kernels for the norms, the rotary and the activation (imported here: @triton.jit reads TRITON_INTERPRET
         when a kernel is defined, and a CPU test may build this platform with the interpreter on)."""
-        from kernels.fused_rms_norm import fused_rms_norm
-        from kernels.rotary_embedding import rotary_in_place
-        from kernels.silu_and_mul import fused_silu_and_mul
+        from pagedserve.kernels.fused_rms_norm import fused_rms_norm
+        from pagedserve.kernels.rotary_embedding import rotary_in_place
+        from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
 
         for layer in model.linears():
             layer.kernel = PlainLinear(layer.weight, layer.bias)

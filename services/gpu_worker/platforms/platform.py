@@ -14,14 +14,14 @@ from typing import get_args
 
 import torch
 
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.layers.linear import TorchLinear
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import parse_dtype
-from services.gpu_worker.step_rows import KeptRows
-from services.gpu_worker.worker_config import AttentionBackendName, WorkerConfig
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.layers.linear import TorchLinear
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import parse_dtype
+from pagedserve.services.gpu_worker.step_rows import KeptRows
+from pagedserve.services.gpu_worker.worker_config import AttentionBackendName, WorkerConfig
 
 BACKEND_NAMES = get_args(AttentionBackendName)
 

@@ -7,10 +7,10 @@ import logging
 
 import torch
 
-from kernels.cpu.weight_grid import WeightGrid
-from services.gpu_worker.quantized.fp8 import FP8_DTYPES, fp8_weight
-from services.gpu_worker.quantized.int4 import awq_weight, gptq_weight
-from services.gpu_worker.quantized.scheme import QuantScheme
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
+from pagedserve.services.gpu_worker.quantized.fp8 import FP8_DTYPES, fp8_weight
+from pagedserve.services.gpu_worker.quantized.int4 import awq_weight, gptq_weight
+from pagedserve.services.gpu_worker.quantized.scheme import QuantScheme
 
 log = logging.getLogger(__name__)
 Weight = torch.Tensor | WeightGrid

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu.weight_grid import GROUP, WeightGrid
-from services.gpu_worker.quantized.scheme import QuantScheme
+from pagedserve.kernels.cpu.weight_grid import GROUP, WeightGrid
+from pagedserve.services.gpu_worker.quantized.scheme import QuantScheme
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)

@@ -6,19 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.gpu_worker.attention.backend import AttentionBackend
-from services.gpu_worker.checkpoint_keys import to_model_state
-from services.gpu_worker.coded_model import build_coded_model
-from services.gpu_worker.gguf.checkpoint import concat_rows
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import ModelConfig
-from services.gpu_worker.quantized.checkpoint import quantized_state
-from services.gpu_worker.quantized.scheme import QuantScheme
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.checkpoint_keys import to_model_state
+from pagedserve.services.gpu_worker.coded_model import build_coded_model
+from pagedserve.services.gpu_worker.gguf.checkpoint import concat_rows
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import ModelConfig
+from pagedserve.services.gpu_worker.quantized.checkpoint import quantized_state
+from pagedserve.services.gpu_worker.quantized.scheme import QuantScheme
 
 if TYPE_CHECKING:
     import torch
 
-    from services.gpu_worker.platforms.platform import Platform
+    from pagedserve.services.gpu_worker.platforms.platform import Platform
 
 
 def load_quantized_model(tensors: dict[str, torch.Tensor], scheme: QuantScheme, model_dir: str | Path,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from services.gpu_worker.request_state import RequestState
-from shared.step_protocol import FailedRequest, StepInput
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.shared.step_protocol import FailedRequest, StepInput
 
 
 def attach_drafts(step: StepInput, requests: dict[str, RequestState]) -> dict[str, FailedRequest]:

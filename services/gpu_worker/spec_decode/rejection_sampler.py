@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.sampler import _apply_bias_and_penalties, _exponential_race, filtered_probs
-from services.gpu_worker.sampling_batch import SamplingBatch
+from pagedserve.services.gpu_worker.sampler import _apply_bias_and_penalties, _exponential_race, filtered_probs
+from pagedserve.services.gpu_worker.sampling_batch import SamplingBatch
 
 
 @dataclass

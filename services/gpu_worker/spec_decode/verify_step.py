@@ -15,11 +15,11 @@ from dataclasses import replace
 
 import torch
 
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.sampler import _gather_logprobs
-from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
-from services.gpu_worker.spec_decode.rejection_sampler import Verification, verify
-from shared.step_protocol import FailedRequest, StepOutput, TokenLogprobs
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.sampler import _gather_logprobs
+from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.services.gpu_worker.spec_decode.rejection_sampler import Verification, verify
+from pagedserve.shared.step_protocol import FailedRequest, StepOutput, TokenLogprobs
 
 log = logging.getLogger(__name__)
 SamplePlain = Callable[[list[RequestState], torch.Tensor], StepOutput]

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from services.scheduler.spec_decode.counters import SpecDecodeCounters
+from pagedserve.services.scheduler.spec_decode.counters import SpecDecodeCounters
 
 SpecSource = Callable[[], tuple[SpecDecodeCounters, str] | None]
 

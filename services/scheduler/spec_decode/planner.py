@@ -16,11 +16,11 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
 
 from __future__ import annotations
 
-from services.scheduler.kv_cache_manager import KVCacheManager
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.spec_decode.config import SpeculativeConfig
-from services.scheduler.spec_decode.counters import SpecDecodeCounters
-from services.scheduler.spec_decode.ngram_proposer import NgramProposer
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
+from pagedserve.services.scheduler.spec_decode.counters import SpecDecodeCounters
+from pagedserve.services.scheduler.spec_decode.ngram_proposer import NgramProposer
 
 
 class DraftPlanner:

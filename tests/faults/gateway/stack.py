@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.ports import free_port
-from shared.scheduler_stats import SchedulerStats
+from pagedserve.services.ports import free_port
+from pagedserve.shared.scheduler_stats import SchedulerStats
 from tests.integration.processes import MODEL_DIR
 from tests.support.fault_stack import scheduler_stats
 from tests.support.service_process import ServiceProcess, service_env
@@ -47,7 +47,7 @@ class GatewayStack:
     def start_gateway(self, *flags: str, name: str = "gateway") -> ServiceProcess:
         """Another gateway on this stack's scheduler, with its own flags; healthy when returned."""
         port = free_port()
-        argv = [sys.executable, "-m", "services.gateway", str(MODEL_DIR), "--port", str(port),
+        argv = [sys.executable, "-m", "pagedserve.services.gateway", str(MODEL_DIR), "--port", str(port),
                 "--scheduler-address", f"127.0.0.1:{self.scheduler_port}", "--health-poll-interval-s", "0.2", *flags]
         gateway = start_process(name, argv, self.tmp_dir / f"{name}-{port}.log", port)
         try:
@@ -88,7 +88,8 @@ def short_default_model(tmp_dir: Path) -> Path:
 def start_gateway_stack(tmp_dir: Path, redis_port: int, timeout_s: float) -> GatewayStack:
     port, scheduler_port, worker_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     redis_url = f"redis://:wrong-{REDIS_PASSWORD}@127.0.0.1:{redis_port}/0"  # refused: the auth-failure path
-    argv = [sys.executable, "-m", "services.cli", "serve", str(short_default_model(tmp_dir)), "--port", str(port),
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(short_default_model(tmp_dir)), "--port",
+            str(port),
             "--scheduler-port", str(scheduler_port), "--worker-port", str(worker_port),
             "--metrics-port", str(metrics_port),
             "--kv-cache-memory-bytes", "128MiB", "--max-model-len", str(MAX_MODEL_LEN), "--redis-url", redis_url,

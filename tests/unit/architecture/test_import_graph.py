@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import graphlib
+import re
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,16 @@ ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("services", "shared", "kernels", "benchmarks", "pagedserve")
 
 
+# The top-level folders linked into pagedserve/ (pagedserve/services -> ../services): importable only as
+# pagedserve.<folder>. A bare `import services.x` would load a second copy of every module it reaches.
+LINKED = ("services", "shared", "kernels", "benchmarks")
+# The offline API: pagedserve/ itself, without the folders linked into it.
+API = "pagedserve (the offline API)"
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = ("pagedserve", *parts) if parts[0] in LINKED else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -48,16 +57,19 @@ GRAPH = project_graph()
 
 # (importer prefix, forbidden prefixes)
 RULES = [
-    ("shared", ("services", "benchmarks", "pagedserve")),
-    ("kernels", ("services", "benchmarks", "pagedserve")),
-    ("services.proto_convert", ("services.scheduler", "services.gateway", "services.gpu_worker")),
-    ("services.gateway", ("services.scheduler", "services.gpu_worker")),
-    ("services.scheduler", ("services.gateway", "services.gpu_worker")),
-    ("services.gpu_worker", ("services.gateway", "services.scheduler")),
+    ("pagedserve.shared", ("pagedserve.services", "pagedserve.benchmarks", API)),
+    ("pagedserve.kernels", ("pagedserve.services", "pagedserve.benchmarks", API)),
+    ("pagedserve.services.proto_convert",
+     ("pagedserve.services.scheduler", "pagedserve.services.gateway", "pagedserve.services.gpu_worker")),
+    ("pagedserve.services.gateway", ("pagedserve.services.scheduler", "pagedserve.services.gpu_worker")),
+    ("pagedserve.services.scheduler", ("pagedserve.services.gateway", "pagedserve.services.gpu_worker")),
+    ("pagedserve.services.gpu_worker", ("pagedserve.services.gateway", "pagedserve.services.scheduler")),
 ]
 
 
 def under(module: str, prefix: str) -> bool:
+    if prefix == API:
+        return module == "pagedserve" or (under(module, "pagedserve") and module.split(".")[1] not in LINKED)
     return module == prefix or module.startswith(prefix + ".")
 
 
@@ -85,3 +97,47 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path: Path) -> N
     source.write_text("def f():\n    from shared.x import y\n\nfrom . import sibling\nfrom .other import z\n")
     names = imported_names(source, "pkg.mod")
     assert {"shared.x", "shared.x.y", "pkg", "pkg.sibling", "pkg.other", "pkg.other.z"} <= names
+
+
+# Where project code lives besides the packages: every .py file here is checked for bare names too.
+SCANNED = (*PACKAGES, "tests", "tools", "deploy")
+BARE_NAME = re.compile("(" + "|".join(LINKED) + r")(\.\w+)+")
+
+
+def names_a_module(dotted: str) -> bool:
+    """`services.<name>...` names a module when services/<name>(.py) exists (not `services.items`)."""
+    folder, child = dotted.split(".")[:2]
+    return (ROOT / folder / child).is_dir() or (ROOT / folder / f"{child}.py").is_file()
+
+
+def bare_references(path: Path) -> list[tuple[int, str]]:
+    """(line, name) of each import of a linked folder by its bare name, and of each string constant that names one
+    of its modules (`-m services.<module>`, monkeypatch targets, logger names)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and BARE_NAME.fullmatch(node.value):
+            names = [node.value] if names_a_module(node.value) else []
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0] in LINKED]
+    return sorted(found)
+
+
+def test_no_code_imports_a_linked_folder_by_its_bare_name() -> None:
+    files = [p for folder in SCANNED for p in (ROOT / folder).rglob("*.py")]
+    assert len(files) > 300, f"found only {len(files)} files"
+    bare = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in files for line, name in bare_references(path)]
+    assert not bare, "import these as pagedserve.<folder>:\n" + "\n".join(bare)
+
+
+def test_the_bare_name_check_sees_imports_and_module_strings(tmp_path: Path) -> None:
+    services, shared = LINKED[:2]  # spelled out, this test's own strings would be bare names
+    sample = tmp_path / "sample.py"
+    sample.write_text(f"import {services}.cli\nfrom {shared} import sampling_params\n"
+                      f"from pagedserve.kernels import cpu\n"
+                      f"ARGV = ['-m', '{services}.gateway']\nNOT_A_MODULE = '{services}.items'\n")
+    assert bare_references(sample) == [(1, f"{services}.cli"), (2, shared), (4, f"{services}.gateway")]

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.tokenizer import BenchTokenizer, load_tokenizer
+from pagedserve.benchmarks.tokenizer import BenchTokenizer, load_tokenizer
 
 MODEL_DIR = Path(__file__).resolve().parents[3] / "models" / "SmolLM2-135M-Instruct"
 

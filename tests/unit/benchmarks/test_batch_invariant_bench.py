@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.batch_invariant.__main__ import build_parser
-from benchmarks.batch_invariant.summary import cell, table
+from pagedserve.benchmarks.batch_invariant.__main__ import build_parser
+from pagedserve.benchmarks.batch_invariant.summary import cell, table
 
 
 def _metrics(tokens: int, seconds: float, itl_ms: float | None) -> dict:

@@ -1,4 +1,4 @@
-from benchmarks.compare import compare_table, contract_differences, matched_runs, result_names
+from pagedserve.benchmarks.compare import compare_table, contract_differences, matched_runs, result_names
 
 
 def result(label: str, runs: dict[str, dict]) -> dict:

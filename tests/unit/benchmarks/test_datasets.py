@@ -5,8 +5,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from benchmarks.dataset_builder import build_dataset
-from benchmarks.datasets import DatasetConfig, sample_lengths
+from pagedserve.benchmarks.dataset_builder import build_dataset
+from pagedserve.benchmarks.datasets import DatasetConfig, sample_lengths
 
 
 def random_cfg(**kw) -> DatasetConfig:

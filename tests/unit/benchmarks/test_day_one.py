@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.cli import build_parser, main
+from pagedserve.benchmarks.cli import build_parser, main
 from tests.unit.benchmarks.conftest import MODEL_DIR
 from tests.unit.benchmarks.fake_openai_server import FakeOpenAIServer, FakeState
 

@@ -1,4 +1,5 @@
-"""The device script's plumbing on CPU: `python -m benchmarks.device --cpu-dry-run` runs every section at toy sizes
+"""The device script's plumbing on CPU: `python -m pagedserve.benchmarks.device --cpu-dry-run` runs every section at toy
+sizes
 in under 90 s and each reports (what cannot run on CPU says `needs cuda`)."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.device.check import _sections
+from pagedserve.benchmarks.device.check import _sections
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 LIMIT_S = 90
@@ -18,7 +19,8 @@ LIMIT_S = 90
 def test_cpu_dry_run_reports_every_section_in_time(tmp_path):
     results_path = tmp_path / "results.json"
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "benchmarks.device", "--cpu-dry-run", "--results", str(results_path)],
+    done = subprocess.run([sys.executable, "-m", "pagedserve.benchmarks.device", "--cpu-dry-run", "--results",
+                           str(results_path)],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=LIMIT_S + 30)
     elapsed = time.monotonic() - start
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

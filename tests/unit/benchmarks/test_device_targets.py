@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.device.results import Results, SectionRecord
-from benchmarks.device.targets import TARGETS
+from pagedserve.benchmarks.device.results import Results, SectionRecord
+from pagedserve.benchmarks.device.targets import TARGETS
 
 
 def _results(tmp_path, engine_rows=(), attention_rows=(), hf_rows=()) -> Results:

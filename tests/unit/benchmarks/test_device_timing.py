@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.device.timing import MAX_SETS, SET_MEMORY_CAP, num_buffer_sets
+from pagedserve.benchmarks.device.timing import MAX_SETS, SET_MEMORY_CAP, num_buffer_sets
 
 GIB, L2 = 1024**3, 50 * 1024**2
 

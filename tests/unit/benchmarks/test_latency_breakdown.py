@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from benchmarks.latency import process_cpu
-from benchmarks.latency.breakdown import StreamRun, summarize
+from pagedserve.benchmarks.latency import process_cpu
+from pagedserve.benchmarks.latency.breakdown import StreamRun, summarize
 
 
 def run(itl_ms: list[float], steps: int, step_s: float, sample_s: float, idle_s: float, tokens: int) -> StreamRun:
@@ -39,7 +39,7 @@ def test_cpu_seconds_count_this_process_and_the_services_are_found_by_module():
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
         "kids = [subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', '-m', m])\n"
-        "        for m in ('services.gateway', 'services.gpu_worker')]\n"
+        "        for m in ('pagedserve.services.gateway', 'pagedserve.services.gpu_worker')]\n"
         "time.sleep(30)\n")])
     try:
         for _ in range(100):

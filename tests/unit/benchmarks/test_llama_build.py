@@ -2,8 +2,8 @@
 
 import json
 
-from benchmarks.peers import llama_build
-from benchmarks.peers.llama_build import CMAKE_FLAGS, built_flags, cmake_flags, cpu_flags
+from pagedserve.benchmarks.peers import llama_build
+from pagedserve.benchmarks.peers.llama_build import CMAKE_FLAGS, built_flags, cmake_flags, cpu_flags
 
 
 def test_amx_is_compiled_out_only_where_the_cpu_has_it():

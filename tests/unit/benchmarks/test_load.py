@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.load import LoadPoint, arrival_offsets_s, offered_load, parse_sweep
+from pagedserve.benchmarks.load import LoadPoint, arrival_offsets_s, offered_load, parse_sweep
 
 
 def test_inf_rate_sends_everything_at_once():

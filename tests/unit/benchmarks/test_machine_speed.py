@@ -5,9 +5,9 @@ import signal
 
 import torch
 
-import benchmarks.peers.__main__ as peers_main
-from benchmarks.peers.machine_speed import MachineSpeed, measure_speed, save_speeds
-from benchmarks.peers.servers import ServerKind
+import pagedserve.benchmarks.peers.__main__ as peers_main
+from pagedserve.benchmarks.peers.machine_speed import MachineSpeed, measure_speed, save_speeds
+from pagedserve.benchmarks.peers.servers import ServerKind
 from tests.unit.benchmarks.conftest import MODEL_DIR
 from tests.unit.benchmarks.test_peers import fake_spec
 

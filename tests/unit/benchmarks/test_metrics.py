@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.metrics import (
+from pagedserve.benchmarks.metrics import (
     MetricsConfig,
     compute_metrics,
     latency_percentiles_ms,
@@ -12,7 +12,7 @@ from benchmarks.metrics import (
     meets_slos,
     summarize_ms,
 )
-from benchmarks.records import RequestRecord
+from pagedserve.benchmarks.records import RequestRecord
 
 
 def record(index: int, chunk_times_s: list[float], e2el_s: float, num_output_tokens: int, **kw) -> RequestRecord:

@@ -11,8 +11,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from benchmarks.overload import Outcome, OverloadReport, cpu_s, measure_capacity, scheduler_means_ms, summarize
-from benchmarks.prometheus import parse_prometheus_text
+from pagedserve.benchmarks.overload import (
+    Outcome,
+    OverloadReport,
+    cpu_s,
+    measure_capacity,
+    scheduler_means_ms,
+    summarize,
+)
+from pagedserve.benchmarks.prometheus import parse_prometheus_text
 
 
 def test_outcomes_are_counted_by_kind_and_ttft_is_compared_with_the_unloaded_one():

@@ -1,8 +1,8 @@
 import pytest
 
-from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EndpointConfig, build_payload, check_eos_suppression, mark_constrained
-from benchmarks.tokenizer import BenchTokenizer
+from pagedserve.benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.payload import EndpointConfig, build_payload, check_eos_suppression, mark_constrained
+from pagedserve.benchmarks.tokenizer import BenchTokenizer
 
 SHARED = BenchRequest("What is the leave policy?", 7, 32, system_prompt="Handbook text.", group=0)
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.peers.plan import SuitePlan
-from benchmarks.peers.process import ServerProcess, ServerSpec
-from benchmarks.peers.ratios import BEST_LLAMA, comparison
-from benchmarks.peers.results import write_server_results
-from benchmarks.peers.run import bench_server, point_problem
-from benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec, server_kinds
-from services.ports import free_port
+from pagedserve.benchmarks.peers.plan import SuitePlan
+from pagedserve.benchmarks.peers.process import ServerProcess, ServerSpec
+from pagedserve.benchmarks.peers.ratios import BEST_LLAMA, comparison
+from pagedserve.benchmarks.peers.results import write_server_results
+from pagedserve.benchmarks.peers.run import bench_server, point_problem
+from pagedserve.benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec, server_kinds
+from pagedserve.services.ports import free_port
 from tests.unit.benchmarks.conftest import MODEL_DIR
 
 REPO = Path(__file__).resolve().parents[3]

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_hex
 
-from benchmarks import plots
-from benchmarks.datasets import DatasetConfig
-from benchmarks.load import LoadPoint
-from benchmarks.metrics import MetricsConfig, compute_metrics
-from benchmarks.records import RequestRecord
-from benchmarks.report import run_to_dict
-from benchmarks.runner import RunResult
+from pagedserve.benchmarks import plots
+from pagedserve.benchmarks.datasets import DatasetConfig
+from pagedserve.benchmarks.load import LoadPoint
+from pagedserve.benchmarks.metrics import MetricsConfig, compute_metrics
+from pagedserve.benchmarks.records import RequestRecord
+from pagedserve.benchmarks.report import run_to_dict
+from pagedserve.benchmarks.runner import RunResult
 
 CONCURRENCIES = (1, 4, 16)
 

@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.prometheus import COUNTERS, counter_deltas, find_metric, gauge_max, parse_prometheus_text
+from pagedserve.benchmarks.prometheus import COUNTERS, counter_deltas, find_metric, gauge_max, parse_prometheus_text
 
 VLLM_BEFORE = """
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.

@@ -8,7 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
-from benchmarks.cli import build_parser
+from pagedserve.benchmarks.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[3]
 README = (REPO / "README.md").read_text()

@@ -1,8 +1,8 @@
 """The terminal table's server-metrics rows: counts as they are, 0-1 fractions as percentages."""
 
-from benchmarks.metrics import MetricsConfig, compute_metrics
-from benchmarks.records import RequestRecord
-from benchmarks.report import run_table
+from pagedserve.benchmarks.metrics import MetricsConfig, compute_metrics
+from pagedserve.benchmarks.records import RequestRecord
+from pagedserve.benchmarks.report import run_table
 
 
 def _run(server_metrics: dict | None) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.cli import result_path
+from pagedserve.benchmarks.cli import result_path
 
 
 def test_a_name_goes_into_the_result_dir():

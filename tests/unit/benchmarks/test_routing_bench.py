@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import random
 
-from benchmarks.cli import build_parser
-from benchmarks.routing.bench_router import build_router, prompts_for
-from benchmarks.routing.compare import bench_argv, table
-from benchmarks.routing.compare import build_parser as compare_parser
-from services.gateway.routing.prefix_mirror import ReplicaLoad
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.benchmarks.cli import build_parser
+from pagedserve.benchmarks.routing.bench_router import build_router, prompts_for
+from pagedserve.benchmarks.routing.compare import bench_argv, table
+from pagedserve.benchmarks.routing.compare import build_parser as compare_parser
+from pagedserve.services.gateway.routing.prefix_mirror import ReplicaLoad
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 def test_the_microbenchmark_routes_each_shared_prefix_to_the_replica_holding_it():

@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from benchmarks.cli import main
-from benchmarks.client import make_http_client, send_request
-from benchmarks.datasets import BenchRequest
-from benchmarks.payload import EndpointConfig
-from benchmarks.probe import resolve_eos_suppression
-from benchmarks.records import RequestRecord
-from services.ports import free_port
+from pagedserve.benchmarks.cli import main
+from pagedserve.benchmarks.client import make_http_client, send_request
+from pagedserve.benchmarks.datasets import BenchRequest
+from pagedserve.benchmarks.payload import EndpointConfig
+from pagedserve.benchmarks.probe import resolve_eos_suppression
+from pagedserve.benchmarks.records import RequestRecord
+from pagedserve.services.ports import free_port
 from tests.unit.benchmarks.conftest import MODEL_DIR
 from tests.unit.benchmarks.fake_openai_server import (
     PREFIX_HITS_PER_REQUEST,

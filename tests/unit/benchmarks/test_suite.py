@@ -1,6 +1,6 @@
 import json
 
-from benchmarks.suite import WORKLOADS, main, warmups_for
+from pagedserve.benchmarks.suite import WORKLOADS, main, warmups_for
 from tests.unit.benchmarks.conftest import MODEL_DIR
 from tests.unit.benchmarks.fake_openai_server import FakeOpenAIServer, FakeState
 

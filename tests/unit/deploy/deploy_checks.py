@@ -25,21 +25,21 @@ from types import SimpleNamespace
 
 import yaml
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.server import SERVICE_NAME as WORKER_READINESS
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.scheduler.server import SERVICE_NAME as SCHEDULER_READINESS
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.server import SERVICE_NAME as WORKER_READINESS
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.scheduler.server import SERVICE_NAME as SCHEDULER_READINESS
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
 
 # gpu-keda, gpu-hpa, gpu-mtls and gpu-inference-pool add the optional components to gpu; gpu-tp: N GPUs per engine
 OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa", "gpu-tp", "gpu-mtls", "gpu-inference-pool")
 IMAGE = "pagedserve"
 SERVICES = {  # module -> (its config, its positional arguments, its gRPC readiness service)
-    "services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
-    "services.scheduler": (SchedulerServiceConfig, (), SCHEDULER_READINESS),
-    "services.gateway": (GatewayConfig, ("model_dir",), None),
+    "pagedserve.services.gpu_worker": (WorkerServiceConfig, ("model_dir",), WORKER_READINESS),
+    "pagedserve.services.scheduler": (SchedulerServiceConfig, (), SCHEDULER_READINESS),
+    "pagedserve.services.gateway": (GatewayConfig, ("model_dir",), None),
 }
 # Agreed in the team's conventions and taken by the services (some helpers land them in parallel).
 AGREED_ENV = {"PAGEDSERVE_DRAIN_TIMEOUT_S", "PAGEDSERVE_INTERNAL_TOKEN"}
@@ -322,11 +322,11 @@ def check_services(objects: list[dict]) -> list[str]:
 @functools.cache
 def _http_paths(module: str) -> frozenset[str]:
     """The paths the gateway's real app serves."""
-    from services.gateway.api.serving import Serving
-    from services.gateway.app import create_app
-    from services.gateway.routing.replicas import ReplicaSet
+    from pagedserve.services.gateway.api.serving import Serving
+    from pagedserve.services.gateway.app import create_app
+    from pagedserve.services.gateway.routing.replicas import ReplicaSet
 
-    assert module == "services.gateway"
+    assert module == "pagedserve.services.gateway"
     serving = Serving(GatewayConfig(model_dir="unused"), tokenizer=None, replicas=ReplicaSet([], make_client=None),
                       generation_defaults={})
     return frozenset(route.path for route in create_app(serving).routes)
@@ -436,7 +436,7 @@ def check_resources(objects: list[dict], overlay: str) -> list[str]:
                 for resource, value in resources.get(part, {}).items():
                     if not _QUANTITY.match(str(value)):
                         problems.append(f"{where}: resources.{part}.{resource} {value!r} is not a quantity")
-            if service_module(container) == "services.gpu_worker" and overlay.startswith("gpu"):
+            if service_module(container) == "pagedserve.services.gpu_worker" and overlay.startswith("gpu"):
                 problems += _gpu_problems(where, container, by_kind(objects, "ConfigMap"))
     claims = {**by_kind(objects, "PersistentVolumeClaim"),
               **{f"{o['metadata']['name']}/{c['metadata']['name']}": c for o in by_kind(objects, "StatefulSet").values()
@@ -485,7 +485,8 @@ def check_draining(objects: list[dict]) -> list[str]:
             pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
             drain = float(literal_env(container, config_maps).get("PAGEDSERVE_DRAIN_TIMEOUT_S", 0))
             module = service_module(container)
-            if module in ("services.gateway", "services.scheduler") and (not drain or not pre_stop):
+            if module in ("pagedserve.services.gateway",
+                          "pagedserve.services.scheduler") and (not drain or not pre_stop):
                 problems.append(f"{pod.name}/{container['name']}: needs PAGEDSERVE_DRAIN_TIMEOUT_S and a preStop")
             drains[module] = _seconds(pre_stop) + drain
             needed[container["name"]] = drains[module] + PRESTOP_MARGIN_S
@@ -493,8 +494,8 @@ def check_draining(objects: list[dict]) -> list[str]:
             if grace < seconds:
                 problems.append(f"{pod.name}: terminationGracePeriodSeconds {grace} < {seconds:.0f} that {name} "
                                 "needs to drain")
-        if "services.gpu_worker" in drains and "services.scheduler" in drains:
-            if drains["services.gpu_worker"] < drains["services.scheduler"]:
+        if "pagedserve.services.gpu_worker" in drains and "pagedserve.services.scheduler" in drains:
+            if drains["pagedserve.services.gpu_worker"] < drains["pagedserve.services.scheduler"]:
                 problems.append(f"{pod.name}: the worker's preStop ends before its scheduler has drained")
     return problems
 
@@ -531,13 +532,14 @@ def check_commands(objects: list[dict]) -> list[str]:
             problems += _endpoint_problems(where, env.get("OTEL_EXPORTER_OTLP_ENDPOINT", ""), service_ports)
     for (pod_name, module), config in configs.items():
         where = f"{pod_name}/{module}"
-        if module == "services.scheduler":
-            worker = configs.get((pod_name, "services.gpu_worker"))
+        if module == "pagedserve.services.scheduler":
+            worker = configs.get((pod_name, "pagedserve.services.gpu_worker"))
             if worker is None or config.worker_address != f"127.0.0.1:{worker.worker_port}":
                 problems.append(f"{where}: --worker-address {config.worker_address} is not its pod's worker")
             problems += _endpoint_problems(where, config.state.redis_url, service_ports)
-        if module == "services.gateway":
-            problems += _gateway_problems(where, config, configs.get((pod_name, "services.scheduler")), configs,
+        if module == "pagedserve.services.gateway":
+            problems += _gateway_problems(where, config, configs.get((pod_name, "pagedserve.services.scheduler")),
+                                          configs,
                                           services, service_ports)
     if len(model_dirs) > 1:
         problems.append(f"the fetch-model init containers and the services disagree on the model folder: "
@@ -551,7 +553,7 @@ def _gateway_problems(where: str, config, local_scheduler, configs: dict, servic
     each a replica to route to), or, for a gateway inside an engine pod, that pod's own scheduler on localhost;
     prefix routing reads the engines' indexes from a Redis Service."""
     problems = []
-    schedulers = [c for (_, m), c in configs.items() if m == "services.scheduler"]
+    schedulers = [c for (_, m), c in configs.items() if m == "pagedserve.services.scheduler"]
     for target in config.scheduler_address.split(","):
         host, port = target.strip().rsplit(":", 1)
         if host == "127.0.0.1":
@@ -628,13 +630,13 @@ def check_network_policies(objects: list[dict]) -> list[str]:
             module = service_module(container)
             for port in {p["containerPort"] for p in container.get("ports", [])}:
                 sources = allowed(pod, port)
-                if module == "services.scheduler" and port == 50051 and sources != {"gateway"}:
+                if module == "pagedserve.services.scheduler" and port == 50051 and sources != {"gateway"}:
                     problems.append(f"{pod.name}: scheduler gRPC reachable from {sorted(sources)}, not gateways only")
-                if module == "services.gpu_worker" and sources:
+                if module == "pagedserve.services.gpu_worker" and sources:
                     problems.append(f"{pod.name}: worker port {port} reachable from {sorted(sources)}")
                 if component(pod) == "redis" and sources != {"engine", "gateway"}:
                     problems.append(f"{pod.name}: Redis reachable from {sorted(sources)}, not engines and gateways")
-                if module == "services.gateway" and port == 8000 and "*" not in sources:
+                if module == "pagedserve.services.gateway" and port == 8000 and "*" not in sources:
                     problems.append(f"{pod.name}: clients cannot reach the gateway")
     return problems
 
@@ -686,9 +688,10 @@ def check_compose(config: dict, variant: str) -> list[str]:
             problems.append(f"compose scheduler: --worker-address {scheduler.worker_address} is not the worker")
         if gateway.scheduler_address != f"scheduler:{scheduler.scheduler_port}":
             problems.append(f"compose gateway: --scheduler-address {gateway.scheduler_address} is not the scheduler")
-        for name, port, service_name in (("gpu-worker", worker.worker_port, SERVICES["services.gpu_worker"][2]),
+        for name, port, service_name in (("gpu-worker", worker.worker_port,
+                                          SERVICES["pagedserve.services.gpu_worker"][2]),
                                          ("scheduler", scheduler.scheduler_port,
-                                          SERVICES["services.scheduler"][2])):
+                                          SERVICES["pagedserve.services.scheduler"][2])):
             test = services[name].get("healthcheck", {}).get("test", [])
             if test[-4:] != ["grpc", f"127.0.0.1:{port}", "--service", service_name]:
                 problems.append(f"compose {name}: the health check must ask its readiness on its own port")
@@ -758,12 +761,12 @@ def metric_names() -> frozenset[str]:
     from prometheus_client import CollectorRegistry
     from prometheus_client.metrics import MetricWrapperBase
 
-    from services.gateway.http.metrics import GatewayMetrics
-    from services.gateway.routing.replica_gauges import ReplicaStateCollector
-    from services.gateway.routing.router_metrics import RouterMetrics
-    from services.gateway.tenants.metrics import TenantMetrics
-    from services.scheduler.metrics import SchedulerMetrics
-    from shared.scheduler_stats import STATS_FIELDS
+    from pagedserve.services.gateway.http.metrics import GatewayMetrics
+    from pagedserve.services.gateway.routing.replica_gauges import ReplicaStateCollector
+    from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+    from pagedserve.services.gateway.tenants.metrics import TenantMetrics
+    from pagedserve.services.scheduler.metrics import SchedulerMetrics
+    from pagedserve.shared.scheduler_stats import STATS_FIELDS
 
     names = {f.metadata["metric"].name + ("_total" if f.metadata["metric"].kind == "counter" else "")
              for f in STATS_FIELDS}

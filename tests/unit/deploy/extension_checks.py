@@ -41,7 +41,7 @@ def _service_configs(objects: list[dict]) -> list[tuple[Pod, dict, Any]]:
     config_maps, found = by_kind(objects, "ConfigMap"), []
     for pod in pods(objects):
         for container in pod.containers(init=False):
-            if service_module(container) in ("services.scheduler", "services.gateway"):
+            if service_module(container) in ("pagedserve.services.scheduler", "pagedserve.services.gateway"):
                 command = container_command(container, config_maps)
                 found.append((pod, container, service_config(command, literal_env(container, config_maps))))
     return found
@@ -80,8 +80,8 @@ def check_internal_tls(objects: list[dict]) -> list[str]:
     problems = []
     certificates = by_kind(objects, "Certificate")
     configs = _service_configs(objects)
-    schedulers = [(p, c, cfg) for p, c, cfg in configs if service_module(c) == "services.scheduler"]
-    gateways = [(p, c, cfg) for p, c, cfg in configs if service_module(c) == "services.gateway"]
+    schedulers = [(p, c, cfg) for p, c, cfg in configs if service_module(c) == "pagedserve.services.scheduler"]
+    gateways = [(p, c, cfg) for p, c, cfg in configs if service_module(c) == "pagedserve.services.gateway"]
     server_certs = {}
     for pod, container, config in schedulers:
         where = f"{pod.name}/{container['name']}"
@@ -129,7 +129,7 @@ def _plaintext_health(where: str, pod: Pod, container: dict, config) -> list[str
             problems.append(f"{where}: {kind} speaks plaintext gRPC to the TLS port {port}")
     for other in pod.containers(init=False):
         command = other.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command", [])
-        if "services.healthcheck" in command and f"127.0.0.1:{config.scheduler_port}" in command:
+        if "pagedserve.services.healthcheck" in command and f"127.0.0.1:{config.scheduler_port}" in command:
             problems.append(f"{pod.name}/{other['name']}: its preStop waits on the TLS port "
                             f"{config.scheduler_port} in plaintext (it would see it gone at once)")
     return problems
@@ -184,9 +184,10 @@ def _pool_member_problems(where: str, pod: Pod, target_ports: list[int], objects
     """Each target port is a gateway of this pod that routes to the scheduler beside it."""
     problems = []
     config_maps = by_kind(objects, "ConfigMap")
-    scheduler = next((c for c in pod.containers(init=False) if service_module(c) == "services.scheduler"), None)
+    scheduler = next((c for c in pod.containers(init=False) if service_module(c) == "pagedserve.services.scheduler"),
+                     None)
     for port in target_ports:
-        gateway = next((c for c in pod.containers(init=False) if service_module(c) == "services.gateway"
+        gateway = next((c for c in pod.containers(init=False) if service_module(c) == "pagedserve.services.gateway"
                         and port in container_ports(c)), None)
         if gateway is None or scheduler is None:
             problems.append(f"{where}: port {port} of pod {pod.name} is not a pagedserve gateway beside a scheduler")
@@ -234,7 +235,7 @@ def _picker_problems(where: str, pool_name: str, picker: Pod, members: list[Pod]
     engines = {e["name"]: e for e in params.get("engineConfigs", [])}
     exposed = metric_names()
     for pod in members:
-        scheduler = next(c for c in pod.containers(init=False) if service_module(c) == "services.scheduler")
+        scheduler = next(c for c in pod.containers(init=False) if service_module(c) == "pagedserve.services.scheduler")
         scheduler_config = service_config(container_command(scheduler, config_maps),
                                           literal_env(scheduler, config_maps))
         if scrape_port != scheduler_config.metrics_port:

@@ -79,7 +79,8 @@ def check_engine_pod(objects: list[dict], overlay: str) -> list[str]:
                 problems.append(f"engine/{container['name']}: {resource} request {request} != limit "
                                 f"{resources.get('limits', {}).get(resource)} (not Guaranteed QoS)")
     volumes = {v["name"]: v for v in engine.spec.get("volumes", [])}
-    worker = next((c for c in engine.containers(init=False) if service_module(c) == "services.gpu_worker"), {})
+    worker = next((c for c in engine.containers(init=False) if service_module(c) == "pagedserve.services.gpu_worker"),
+                  {})
     shm = [m for m in worker.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
     if not shm or volumes.get(shm[0]["name"], {}).get("emptyDir", {}).get("medium") != "Memory":
         problems.append("engine/gpu-worker: /dev/shm is not a memory emptyDir")

@@ -47,13 +47,13 @@ def test_the_mtls_overlay_serves_tls_and_the_pool_overlay_routes_locally(rendere
     """The extension checks are not vacuous: each overlay really has what they check."""
     configs = {(pod.name, checks.service_module(c)): cfg for pod, c, cfg in
                extension_checks._service_configs(rendered["gpu-mtls"])}
-    assert configs["engine", "services.scheduler"].tls.serves_tls
-    assert configs["engine", "services.scheduler"].tls.internal_tls_ca  # mutual: clients must present one
-    assert configs["gateway", "services.gateway"].tls.internal_tls_cert
-    assert not configs.get(("engine", "services.gateway"))
+    assert configs["engine", "pagedserve.services.scheduler"].tls.serves_tls
+    assert configs["engine", "pagedserve.services.scheduler"].tls.internal_tls_ca  # mutual: clients must present one
+    assert configs["gateway", "pagedserve.services.gateway"].tls.internal_tls_cert
+    assert not configs.get(("engine", "pagedserve.services.gateway"))
     pool_configs = {(pod.name, checks.service_module(c)): cfg for pod, c, cfg in
                     extension_checks._service_configs(rendered["gpu-inference-pool"])}
-    assert pool_configs["engine", "services.gateway"].scheduler_address == "127.0.0.1:50051"
+    assert pool_configs["engine", "pagedserve.services.gateway"].scheduler_address == "127.0.0.1:50051"
     assert not any(cfg.tls.serves_tls for cfg in pool_configs.values())
 
 
@@ -76,8 +76,8 @@ def test_security_and_resources(root, rendered, overlay):
 def test_engine_replica_is_one_pod_with_scheduler_and_worker(rendered):
     (engine,) = [p for p in checks.pods(rendered["gpu"]) if p.name == "engine"]
     containers = {checks.service_module(c): c for c in engine.containers(init=False)}
-    assert set(containers) == {"services.scheduler", "services.gpu_worker"}
-    worker = containers["services.gpu_worker"]
+    assert set(containers) == {"pagedserve.services.scheduler", "pagedserve.services.gpu_worker"}
+    worker = containers["pagedserve.services.gpu_worker"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == 1
     (tp_engine,) = [p for p in checks.pods(rendered["gpu-tp"]) if p.name == "engine"]
     tp_worker = next(c for c in tp_engine.containers(init=False) if c["name"] == "gpu-worker")

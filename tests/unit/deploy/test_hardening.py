@@ -67,7 +67,7 @@ def test_the_model_is_named_in_one_place_and_every_reference_follows(tmp_path):
             env = checks.literal_env(container, config_maps)
             if command[:2] == checks.FETCH_MODEL:
                 fetched.append((pod.name, command[2], command[3]))
-            if checks.service_module(container) in ("services.gpu_worker", "services.gateway"):
+            if checks.service_module(container) in ("pagedserve.services.gpu_worker", "pagedserve.services.gateway"):
                 config = checks.service_config(command, env)
                 served.append((pod.name, config.worker.model_dir if hasattr(config, "worker") else config.model_dir))
     assert sorted(fetched) == [("engine", "hf://meta-llama/Llama-3.1-8B-Instruct", "/models/Llama-3.1-8B-Instruct"),

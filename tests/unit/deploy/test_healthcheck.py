@@ -1,4 +1,4 @@
-"""`python -m services.healthcheck` (the compose health checks) against real gRPC health and HTTP servers."""
+"""`python -m pagedserve.services.healthcheck` (the compose health checks) against real gRPC health and HTTP servers."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.healthcheck import main
-from shared.default_model import REQUIRED_FILES
+from pagedserve.services.healthcheck import main
+from pagedserve.shared.default_model import REQUIRED_FILES
 
 
 @pytest.fixture

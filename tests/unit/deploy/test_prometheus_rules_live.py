@@ -12,7 +12,7 @@ import time
 import httpx
 import yaml
 
-from services.ports import free_port
+from pagedserve.services.ports import free_port
 from tests.conftest import REPO_ROOT
 from tests.unit.deploy import alert_rules, deploy_tools
 

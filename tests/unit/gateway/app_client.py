@@ -13,12 +13,12 @@ from typing import cast
 
 from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from services.gateway.structured.grammar_check import GrammarChecker
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.app import create_app
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.structured.grammar_check import GrammarChecker
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.shared.structured_output import StructuredOutput
 from tests.support.waiting import wait_for
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.text.tokenizer import PromptTokenizer
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
 
 MODEL_DIR = Path(__file__).resolve().parents[3] / "models" / "SmolLM2-135M-Instruct"
 

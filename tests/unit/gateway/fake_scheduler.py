@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from services.gateway.routing.replica_addresses import Target
-from services.gateway.routing.replicas import Health, ReplicaIdentity, ReplicaSet
-from services.proto_convert.scheduler_contract import generate_request_to_pb
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.scheduler_stats import SchedulerStats
-from shared.step_protocol import ModelDescription, TokenLogprobs
+from pagedserve.services.gateway.routing.replica_addresses import Target
+from pagedserve.services.gateway.routing.replicas import Health, ReplicaIdentity, ReplicaSet
+from pagedserve.services.proto_convert.scheduler_contract import generate_request_to_pb
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.step_protocol import ModelDescription, TokenLogprobs
 
 EOS = 2
 DESCRIPTION = ModelDescription(model_name="tiny-model", architecture="LlamaForCausalLM", max_model_len=256,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.step_protocol import StepOutput
+from pagedserve.shared.step_protocol import StepOutput
 
 
 @dataclass

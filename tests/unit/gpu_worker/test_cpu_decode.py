@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref

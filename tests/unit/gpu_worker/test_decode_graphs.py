@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import kernels.cache_write
-import kernels.paged_decode_attention
-from services.gpu_worker.cuda_graphs.decode_graphs import capture_sizes
-from services.gpu_worker.cuda_graphs.graph_backend import FakeGraphBackend
-from services.gpu_worker.model_runner import ModelRunner
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.sampling_params import SamplingParams
+import pagedserve.kernels.cache_write
+import pagedserve.kernels.paged_decode_attention
+from pagedserve.services.gpu_worker.cuda_graphs.decode_graphs import capture_sizes
+from pagedserve.services.gpu_worker.cuda_graphs.graph_backend import FakeGraphBackend
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.gpu_worker.tiny_models import make_tiny_model
 
 BLOCK_SIZE = 4
@@ -100,7 +100,7 @@ def test_padded_graph_matches_eager_and_padding_writes_no_slot(folder):
     before = snapshot(runner)
     eager = runner.forward  # the eager forward over an unpadded batch, as the runner builds it without graphs
     runner.graphs = None
-    from services.gpu_worker.input_batch import build_model_input
+    from pagedserve.services.gpu_worker.input_batch import build_model_input
 
     batch = build_model_input(requests, [1, 1, 1], BLOCK_SIZE, runner.device)
     expected = runner.model.compute_logits(eager(batch.token_ids, batch.positions, runner.kv_cache.layers,
@@ -161,12 +161,13 @@ class LaunchRecorder:
 @torch.inference_mode()
 def test_two_steps_of_one_padded_size_launch_the_same_kernels(folder, monkeypatch):
     launches: list = []
-    for module, name in ((kernels.paged_decode_attention, "_decode_split_kernel"),
-                         (kernels.paged_decode_attention, "_decode_reduce_kernel"),
-                         (kernels.cache_write, "_cache_write_kernel")):
+    for module, name in ((pagedserve.kernels.paged_decode_attention, "_decode_split_kernel"),
+                         (pagedserve.kernels.paged_decode_attention, "_decode_reduce_kernel"),
+                         (pagedserve.kernels.cache_write, "_cache_write_kernel")):
         monkeypatch.setattr(module, name, LaunchRecorder(getattr(module, name), launches))
     runner = make_runner(folder)
-    monkeypatch.setattr(kernels.paged_decode_attention, "MIN_PARTITION", 8)  # several splits on tiny contexts
+    monkeypatch.setattr(pagedserve.kernels.paged_decode_attention, "MIN_PARTITION",
+                        8)  # several splits on tiny contexts
     runner.backend.num_sms = 64  # and on CPU
     runner.enable_graphs(FakeGraphBackend())
     first = [request("a", [3, 5, 7, 9, 11, 2, 4, 6, 8], 0), request("b", [2, 4], 8), request("c", [6, 1], 16)]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from services.gpu_worker.cuda_graphs.graph_backend import FakeGraphBackend
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.cuda_graphs.graph_backend import FakeGraphBackend
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.gpu_worker.tiny_models import make_tiny_model
 from tests.unit.pagedserve.engine_runs import run
 

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from pagedserve.llm import LLM
-from services.gpu_worker.__main__ import main as worker_main
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.dummy_weights import INIT_STD, dummy_state
-from services.gpu_worker.loader import load_model
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.model_dir import model_dir_problem
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.__main__ import main as worker_main
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.dummy_weights import INIT_STD, dummy_state
+from pagedserve.services.gpu_worker.loader import load_model
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.model_dir import model_dir_problem
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.gpu_worker.tiny_models import TINY_CONFIGS
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)
@@ -85,8 +85,8 @@ def test_in_process_engine_serves_dummy_weights_deterministically(shape_only_dir
 
 
 def test_serve_accepts_a_folder_without_weights_only_with_dummy(shape_only_dir):
-    from services import launcher
-    from services.ports import free_port
+    from pagedserve.services import launcher
+    from pagedserve.services.ports import free_port
 
     refused = launcher.checked_config([str(shape_only_dir), "--port", str(free_port())], "pagedserve serve")
     assert isinstance(refused, str) and "safetensors" in refused

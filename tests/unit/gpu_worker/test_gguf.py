@@ -11,9 +11,9 @@ import transformers
 from gguf import GGMLQuantizationType as T
 from gguf import quants
 
-from services.gpu_worker.gguf.blocks import UnsupportedTensorTypeError, grid_from_blocks
-from services.gpu_worker.layers.grid_embedding import GridEmbedding
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from pagedserve.services.gpu_worker.gguf.blocks import UnsupportedTensorTypeError, grid_from_blocks
+from pagedserve.services.gpu_worker.layers.grid_embedding import GridEmbedding
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
 from tests.unit.gpu_worker.tiny_gguf import MIXED, quantize, write_tiny_gguf
 from tests.unit.gpu_worker.tiny_models import PagedModel
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from services.gpu_worker.grammar import RequestGrammar
-from services.gpu_worker.grammar_mask import allows_any, build_grammar_mask
-from services.gpu_worker.sampler import sample
-from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
-from shared.grammar_cache import GrammarCache, GrammarError, compact_json_in_tag
-from shared.sampling_params import SamplingParams
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gpu_worker.grammar import RequestGrammar
+from pagedserve.services.gpu_worker.grammar_mask import allows_any, build_grammar_mask
+from pagedserve.services.gpu_worker.sampler import sample
+from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.shared.grammar_cache import GrammarCache, GrammarError, compact_json_in_tag
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 VOCAB = 49152
 EOS = 2

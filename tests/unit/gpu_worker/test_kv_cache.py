@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
-from services.gpu_worker.model_config import model_config_from_dict
+from pagedserve.services.gpu_worker.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
+from pagedserve.services.gpu_worker.model_config import model_config_from_dict
 
 SMOLLM2_LIKE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
                 "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from services.gpu_worker.model_config import UnsupportedModelError, load_model_config
+from pagedserve.services.gpu_worker.model_config import UnsupportedModelError, load_model_config
 from tests.unit.gpu_worker.test_logits_vs_transformers import prompt, reference_logits
 from tests.unit.gpu_worker.tiny_models import PagedModel, make_tiny_model
 
@@ -65,10 +65,10 @@ def test_native_kernels_fall_back_to_torch_when_they_cannot_be_built(tiny_llama,
     """No C compiler: the model still loads and matches transformers, through torch, with a warning."""
     import logging
 
-    import services.gpu_worker.platforms.cpu.native as native
-    from kernels.cpu.build import KernelBuildError
-    from services.gpu_worker.layers.norm import rms_norm
-    from services.gpu_worker.platforms.cpu.linear import CGemmLinear
+    import pagedserve.services.gpu_worker.platforms.cpu.native as native
+    from pagedserve.kernels.cpu.build import KernelBuildError
+    from pagedserve.services.gpu_worker.layers.norm import rms_norm
+    from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
 
     def no_compiler():
         raise KernelBuildError("no C compiler found")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
 from tests.unit.gpu_worker.tiny_models import TINY_CONFIGS, PagedModel, make_tiny_model
 
 ATOL = 1e-4

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.input_batch import build_model_input
+from pagedserve.services.gpu_worker.input_batch import build_model_input
 from tests.unit.gpu_worker.tiny_models import PagedModel
 
 PROMPT = list(range(1000, 1037))

@@ -10,12 +10,12 @@ import pytest
 import torch
 import transformers
 
-from kernels.cpu.weight_grid import WeightGrid
-from services.gpu_worker.loader import read_checkpoint
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.quantized.checkpoint import quantized_state
-from services.gpu_worker.quantized.scheme import UnsupportedQuantizationError, read_scheme
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
+from pagedserve.services.gpu_worker.loader import read_checkpoint
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.quantized.checkpoint import quantized_state
+from pagedserve.services.gpu_worker.quantized.scheme import UnsupportedQuantizationError, read_scheme
 from tests.unit.gpu_worker.tiny_models import PagedModel
 from tests.unit.gpu_worker.tiny_quantized import write_awq, write_fp8, write_gptq
 

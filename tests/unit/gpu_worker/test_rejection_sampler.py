@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
-from services.gpu_worker.spec_decode.rejection_sampler import verify
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.services.gpu_worker.spec_decode.rejection_sampler import verify
+from pagedserve.shared.sampling_params import SamplingParams
 
 TARGET = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.20, 0.10])
 VOCAB = len(TARGET)

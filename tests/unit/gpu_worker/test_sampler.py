@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.sampler import sample
-from services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.sampler import sample
+from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.shared.sampling_params import SamplingParams
 
 VOCAB = 50
 
@@ -86,7 +86,7 @@ def test_penalties_match_their_definitions():
     params = SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25)
     rows = [SamplingRow(params, prompt_ids, output_ids, ())]
     batch = build_sampling_batch(rows, VOCAB, torch.device("cpu"))
-    from services.gpu_worker.sampler import _apply_bias_and_penalties
+    from pagedserve.services.gpu_worker.sampler import _apply_bias_and_penalties
 
     got = _apply_bias_and_penalties(logits, batch)[0]
     expected = logits[0].clone()

@@ -9,12 +9,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.gpu_worker import server
-from services.gpu_worker.server import SERVICE_NAME, WorkerServicer, build_server, set_serving
-from services.proto_convert.worker_contract import step_input_to_pb
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import NewRequest, StepInput, StepOutput
-from shared.tracing import traceparent_of
+from pagedserve.services.gpu_worker import server
+from pagedserve.services.gpu_worker.server import SERVICE_NAME, WorkerServicer, build_server, set_serving
+from pagedserve.services.proto_convert.worker_contract import step_input_to_pb
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import NewRequest, StepInput, StepOutput
+from pagedserve.shared.tracing import traceparent_of
 from tests.unit.gpu_worker.launched_step import DoneStep
 
 

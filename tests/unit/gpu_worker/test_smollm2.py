@@ -7,12 +7,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pagedserve.llm import LLM
-from services.gpu_worker.input_batch import build_model_input
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.request_io import FinishReason
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.input_batch import build_model_input
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.greedy_match import check_greedy_match
 
 PROMPTS = ["What is the capital of France?", "Write a short poem about autumn leaves.",

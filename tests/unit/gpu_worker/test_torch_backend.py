@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.torch_backend import SHORT_CHUNK, TorchAttentionBackend
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.torch_backend import SHORT_CHUNK, TorchAttentionBackend
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
 from tests.kernels.paged_batch import make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.test_triton_backend import _metadata, _new_token_slots
@@ -79,8 +79,8 @@ def test_fp16_cache_under_fp32_queries(kernels: str) -> None:
 def test_prefill_kernel_falls_back_to_sdpa_when_it_cannot_build(monkeypatch, caplog) -> None:
     import logging
 
-    import services.gpu_worker.platforms.cpu.native as native
-    from kernels.cpu.build import KernelBuildError
+    import pagedserve.services.gpu_worker.platforms.cpu.native as native
+    from pagedserve.kernels.cpu.build import KernelBuildError
 
     def no_compiler():
         raise KernelBuildError("no C compiler found")

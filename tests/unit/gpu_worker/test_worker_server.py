@@ -11,11 +11,11 @@ import time
 import grpc
 import pytest
 
-from services.gpu_worker.server import WorkerServicer, build_server
-from services.ports import free_port
-from services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
-from services.scheduler.worker_client import WorkerClient
-from shared.step_protocol import StepInput, StepOutput
+from pagedserve.services.gpu_worker.server import WorkerServicer, build_server
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_convert.worker_contract import step_input_to_pb, step_output_from_pb
+from pagedserve.services.scheduler.worker_client import WorkerClient
+from pagedserve.shared.step_protocol import StepInput, StepOutput
 from tests.unit.gpu_worker.launched_step import DoneStep
 
 STEP_S = 0.05

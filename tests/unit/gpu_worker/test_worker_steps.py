@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.gpu_worker import model_runner
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput
+from pagedserve.services.gpu_worker import model_runner
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import CachedRequest, FailedRequest, NewRequest, StepInput
 from tests.unit.gpu_worker.tiny_models import make_tiny_model
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0)

@@ -7,17 +7,17 @@ from pathlib import Path
 import torch
 import transformers
 
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.input_batch import build_model_input
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.loader import load_model
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import ModelConfig, load_model_config
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.platforms.cuda import CudaPlatform
-from services.gpu_worker.platforms.platform import Platform
-from services.gpu_worker.request_state import RequestState
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.input_batch import build_model_input
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.loader import load_model
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import ModelConfig, load_model_config
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
+from pagedserve.services.gpu_worker.platforms.platform import Platform
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.shared.sampling_params import SamplingParams
 
 _COMMON = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
                num_key_value_heads=2, max_position_embeddings=256)

@@ -12,15 +12,15 @@ from transformers import AutoTokenizer
 
 from pagedserve.llm import chat_token_ids
 from pagedserve.llm_engine import LLMEngine
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.worker import Worker
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.kv_cache import kv_bytes_per_token
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 @dataclass

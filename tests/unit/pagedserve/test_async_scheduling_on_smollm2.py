@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.engine.workloads import TOPICS
-from services.gpu_worker.worker import Worker
-from shared.request_io import FinishReason, GenerateRequest
+from pagedserve.benchmarks.engine.workloads import TOPICS
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
 from tests.unit.pagedserve.engine_runs import (
     Run,
     assert_same_outputs,

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.engine.workloads import varied_questions
+from pagedserve.benchmarks.engine.workloads import varied_questions
 from pagedserve.llm import LLM, Completion, chat_token_ids
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.kv_cache import kv_bytes_per_token
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(2400)  # three runs of 20 x 80 tokens: minutes on a loaded 2-core machine
 NUM_REQUESTS = 20

@@ -13,10 +13,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from pagedserve.llm import chat_token_ids
-from services.gpu_worker.worker import Worker
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.unit.pagedserve.engine_runs import Run, batch_invariant_worker, run
 
 # about 3 min on a loaded 2-core machine: three runs of 5 requests in batch-invariant mode

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from benchmarks.engine.workloads import POLICY_QUESTIONS, policy_system_prompt, varied_questions
+from pagedserve.benchmarks.engine.workloads import POLICY_QUESTIONS, policy_system_prompt, varied_questions
 from pagedserve.llm import LLM, Completion, chat_token_ids
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.kv_cache import kv_bytes_per_token
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.greedy_match import check_greedy_match
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=20, logprobs=5)

@@ -8,10 +8,10 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from services.gpu_worker.worker import Worker
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gpu_worker.worker import Worker
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.unit.pagedserve.engine_runs import Run, chat_requests, exact_worker, roomy_run, run
 
 NUM_REQUESTS = 16

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from services.proto_convert.common import description_from_pb, description_to_pb, sampling_from_pb, sampling_to_pb
-from services.proto_convert.scheduler_contract import (
+from pagedserve.services.proto_convert.common import (
+    description_from_pb,
+    description_to_pb,
+    sampling_from_pb,
+    sampling_to_pb,
+)
+from pagedserve.services.proto_convert.scheduler_contract import (
     generate_request_from_pb,
     generate_request_to_pb,
     integrity_from_pb,
@@ -15,19 +20,26 @@ from services.proto_convert.scheduler_contract import (
     stats_from_pb,
     stats_to_pb,
 )
-from services.proto_convert.worker_contract import (
+from pagedserve.services.proto_convert.worker_contract import (
     step_input_from_pb,
     step_input_to_pb,
     step_output_from_pb,
     step_output_to_pb,
     traceparents_from_pb,
 )
-from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
-from shared.integrity_report import IntegrityReport
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.sampling_params import INT32_MAX, INT64_MAX, INT64_MIN, UINT32_MAX, SamplingParams, SamplingParamsError
-from shared.scheduler_stats import STATS_FIELDS, SchedulerStats
-from shared.step_protocol import (
+from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
+from pagedserve.shared.integrity_report import IntegrityReport
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.shared.sampling_params import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    UINT32_MAX,
+    SamplingParams,
+    SamplingParamsError,
+)
+from pagedserve.shared.scheduler_stats import STATS_FIELDS, SchedulerStats
+from pagedserve.shared.step_protocol import (
     CachedRequest,
     FailedRequest,
     ModelDescription,
@@ -36,7 +48,7 @@ from shared.step_protocol import (
     StepOutput,
     TokenLogprobs,
 )
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 PARAMS = SamplingParams(max_tokens=7, min_tokens=2, temperature=0.7, top_p=0.9, top_k=5, min_p=0.05, seed=-3,
                         presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.1,

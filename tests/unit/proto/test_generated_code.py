@@ -39,7 +39,7 @@ def test_the_stamp_is_no_newer_than_the_grpc_runtime():
 
 
 def test_every_enum_starts_with_unspecified():
-    from services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
+    from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, worker_pb2
 
     for module in (common_pb2, scheduler_pb2, worker_pb2):
         for enum in module.DESCRIPTOR.enum_types_by_name.values():

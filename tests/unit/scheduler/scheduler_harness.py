@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.scheduler.kv_cache_manager import KVCacheManager
-from services.scheduler.request import Request
-from services.scheduler.scheduler import Scheduler, SchedulerOutput
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import ModelDescription, StepOutput
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerOutput
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import ModelDescription, StepOutput
 from tests.support.fake_worker import FakeWorker, describe
 
 

@@ -7,15 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.admission import (
+from pagedserve.services.scheduler.admission import (
     MAX_ADMIT_AFTER_S,
     AdmissionConfig,
     AdmissionControl,
     Overloaded,
     QueueWaitEstimator,
 )
-from services.scheduler.scheduler import Scheduler
-from shared.step_protocol import StepOutput
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.step_protocol import StepOutput
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import gen, make_config
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
-from services.scheduler.scheduler import SchedulerOutput
-from shared.request_io import RequestOutput
+from pagedserve.services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
+from pagedserve.services.scheduler.scheduler import SchedulerOutput
+from pagedserve.shared.request_io import RequestOutput
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 

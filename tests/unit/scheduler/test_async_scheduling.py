@@ -6,9 +6,9 @@ does; each test feeds outputs one step late and checks the streams against a ser
 
 from __future__ import annotations
 
-from services.scheduler.request import RequestStatus
-from shared.request_io import FinishReason
-from shared.step_protocol import CachedRequest
+from pagedserve.services.scheduler.request import RequestStatus
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.step_protocol import CachedRequest
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 

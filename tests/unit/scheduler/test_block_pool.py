@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.block_pool import BlockPool
-from services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.block_pool import BlockPool
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
 
 
 def make_pool(num_blocks: int = 6) -> BlockPool:

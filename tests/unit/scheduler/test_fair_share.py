@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.fair_share import FairShare
-from services.scheduler.request import Request
-from services.scheduler.waiting_queue import WaitingQueue
-from shared.request_io import GenerateRequest
+from pagedserve.services.scheduler.fair_share import FairShare
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.waiting_queue import WaitingQueue
+from pagedserve.shared.request_io import GenerateRequest
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, make_request, req_ids
 

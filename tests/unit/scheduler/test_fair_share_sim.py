@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
+from pagedserve.services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import CachedRequest, NewRequest, StepInput
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import CachedRequest, NewRequest, StepInput
 from tests.support.fake_worker import FakeWorker, FakeWorkerError, describe
 
 PARAMS = SamplingParams(max_tokens=8)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
 from tests.unit.scheduler.scheduler_harness import admit, compute, make_request
 
 BS = 4

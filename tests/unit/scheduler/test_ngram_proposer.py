@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.spec_decode.config import SpeculativeConfig
-from services.scheduler.spec_decode.ngram_proposer import NgramProposer
+from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
+from pagedserve.services.scheduler.spec_decode.ngram_proposer import NgramProposer
 
 
 def test_drafts_continue_the_latest_earlier_occurrence_of_the_longest_tail():

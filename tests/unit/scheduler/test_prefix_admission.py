@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.kv_cache_manager import KVCacheManager
-from services.scheduler.prefix_cache import InFlightKeys
-from shared.request_io import FinishReason
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.prefix_cache import InFlightKeys
+from pagedserve.shared.request_io import FinishReason
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, make_request, req_ids
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from services.scheduler.kv_cache_manager import KVCacheManager
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.block_hashes import ROOT_KEY, block_key, extend_block_keys
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.block_hashes import ROOT_KEY, block_key, extend_block_keys
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, admit, compute, gen, make_request
 

@@ -12,9 +12,9 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.request import RequestStatus
-from services.scheduler.scheduler import RequestRejected
-from shared.request_io import FinishReason, GenerateRequest
+from pagedserve.services.scheduler.request import RequestStatus
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config
 

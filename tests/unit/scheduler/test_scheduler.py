@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.request import RequestStatus
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import CachedRequest, NewRequest
+from pagedserve.services.scheduler.request import RequestStatus
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import CachedRequest, NewRequest
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, req_ids
 

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.request import RequestStatus
-from services.scheduler.scheduler import RequestRejected, SchedulerOutput
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest
-from shared.step_protocol import StepOutput
+from pagedserve.services.scheduler.request import RequestStatus
+from pagedserve.services.scheduler.scheduler import RequestRejected, SchedulerOutput
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.step_protocol import StepOutput
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.scheduler import RequestRejected
-from shared.request_io import FinishReason
-from shared.step_protocol import FailedRequest
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.step_protocol import FailedRequest
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import Harness, gen, make_config, req_ids
 

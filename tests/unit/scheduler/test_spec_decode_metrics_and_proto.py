@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.proto_convert.worker_contract import (
+from pagedserve.services.proto_convert.worker_contract import (
     step_input_from_pb,
     step_input_to_pb,
     step_output_from_pb,
     step_output_to_pb,
 )
-from services.scheduler.spec_decode.counters import SpecDecodeCounters
-from services.scheduler.spec_decode.metrics import SpecDecodeCollector
-from shared.step_protocol import StepInput, StepOutput
+from pagedserve.services.scheduler.spec_decode.counters import SpecDecodeCounters
+from pagedserve.services.scheduler.spec_decode.metrics import SpecDecodeCollector
+from pagedserve.shared.step_protocol import StepInput, StepOutput
 
 
 def test_counters_count_acceptance_per_draft_position():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from services.scheduler.scheduler import Scheduler
-from shared.request_io import FinishReason
-from shared.step_protocol import StepOutput
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.request_io import FinishReason
+from pagedserve.shared.step_protocol import StepOutput
 from tests.support.fake_worker import describe
 from tests.unit.scheduler.scheduler_harness import gen, make_config
 

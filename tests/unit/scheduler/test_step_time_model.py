@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.step_time_model import StepTimeModel
+from pagedserve.services.scheduler.step_time_model import StepTimeModel
 
 
 def test_nothing_is_predicted_before_a_step_was_recorded():

@@ -11,12 +11,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.worker_client import WorkerClient
-from shared.request_io import RequestOutput
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.worker_client import WorkerClient
+from pagedserve.shared.request_io import RequestOutput
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.support.tasks import running
 

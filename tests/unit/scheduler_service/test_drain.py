@@ -9,17 +9,17 @@ import dataclasses
 
 import pytest
 
-from services.grpc_errors import ServiceNotReady
-from services.launcher import stop_timeouts
-from services.scheduler.drain import drain
-from services.scheduler.integrity import check_integrity
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.serve_config import parse_serve_config
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.grpc_errors import ServiceNotReady
+from pagedserve.services.launcher import stop_timeouts
+from pagedserve.services.scheduler.drain import drain
+from pagedserve.services.scheduler.integrity import check_integrity
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.serve_config import parse_serve_config
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine

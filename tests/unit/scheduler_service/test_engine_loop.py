@@ -7,11 +7,11 @@ import contextlib
 
 import pytest
 
-from services.grpc_errors import WorkerUnavailable
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import RequestRejected
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.grpc_errors import WorkerUnavailable
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import SAMPLED_TOKEN, FakeWorkerClient
 from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine

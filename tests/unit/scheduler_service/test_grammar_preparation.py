@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from services.scheduler.scheduler import RequestRejected
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.support.fake_worker_client import FakeWorkerClient
 from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of

@@ -5,10 +5,16 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable, map_errors, status_code_of
-from services.scheduler.admission import Overloaded
-from services.scheduler.scheduler import RequestRejected
-from shared.sampling_params import SamplingParamsError
+from pagedserve.services.grpc_errors import (
+    RequestFailed,
+    ServiceNotReady,
+    WorkerUnavailable,
+    map_errors,
+    status_code_of,
+)
+from pagedserve.services.scheduler.admission import Overloaded
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.shared.sampling_params import SamplingParamsError
 
 
 @pytest.mark.parametrize(("exc", "code"), [

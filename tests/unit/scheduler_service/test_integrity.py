@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.in_flight import InFlight, StepsInFlight
-from services.scheduler.integrity import check_integrity
-from services.scheduler.invariants import InvariantViolated
-from services.scheduler.live_request import LiveRequest, LiveRequests
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import Scheduler, SchedulerOutput
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import StepInput
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.in_flight import InFlight, StepsInFlight
+from pagedserve.services.scheduler.integrity import check_integrity
+from pagedserve.services.scheduler.invariants import InvariantViolated
+from pagedserve.services.scheduler.live_request import LiveRequest, LiveRequests
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.scheduler import Scheduler, SchedulerOutput
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import StepInput
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.unit.scheduler_service.engine_harness import outputs_of
 from tests.unit.scheduler_service.test_engine_loop import request
@@ -30,11 +30,11 @@ from tests.unit.scheduler_service.test_engine_loop import request
 REPO = Path(__file__).resolve().parents[3]
 
 LEAK_UNDER_O = textwrap.dedent("""
-    from services.scheduler.integrity import check_integrity
-    from services.scheduler.scheduler import Scheduler
-    from services.scheduler.scheduler_config import SchedulerConfig
-    from shared.request_io import GenerateRequest
-    from shared.sampling_params import SamplingParams
+    from pagedserve.services.scheduler.integrity import check_integrity
+    from pagedserve.services.scheduler.scheduler import Scheduler
+    from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+    from pagedserve.shared.request_io import GenerateRequest
+    from pagedserve.shared.sampling_params import SamplingParams
     from tests.support.fake_worker_client import DESCRIPTION
 
     if __debug__:

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-import services.scheduler.engine_loop as engine_loop
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+import pagedserve.services.scheduler.engine_loop as engine_loop
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import FakeWorkerClient
 from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of

@@ -8,13 +8,13 @@ import contextlib
 
 import pytest
 
-from services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.scheduler.admission import AdmissionConfig, AdmissionControl, Overloaded
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 
 

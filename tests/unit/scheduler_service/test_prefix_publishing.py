@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.prefix_publisher import PrefixPublisher
-from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
-from shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent, prefix_blocks_key, prefix_events_key
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.prefix_publisher import PrefixPublisher
+from pagedserve.services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+from pagedserve.shared.replica_keys import DELTA, SNAPSHOT, PrefixEvent, prefix_blocks_key, prefix_events_key
 from tests.integration.processes import RedisServer
 from tests.support.fake_worker import describe
 from tests.support.waiting import wait_for_async

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import REPO, RedisServer
 from tests.support.tasks import run_until
 
@@ -54,14 +54,15 @@ async def _flush_once(url: str) -> RedisStateWriter:
 
 @pytest.mark.asyncio
 async def test_auth_failure_and_recovery_logs_mask_the_password(redis_with_password, caplog):
-    warning, info = await wrong_then_right(_flush_once, redis_with_password, caplog, "services.scheduler.redis_state")
+    warning, info = await wrong_then_right(_flush_once, redis_with_password, caplog,
+                                           "pagedserve.services.scheduler.redis_state")
     assert f"redis://:***@127.0.0.1:{redis_with_password}/0 unavailable" in warning
     assert f"writes to redis://:***@127.0.0.1:{redis_with_password}/0" in info
 
 
 @pytest.mark.parametrize("argv", [
-    [sys.executable, "-m", "services.scheduler", "--redis-url", f"http://:{PASSWORD}@cache:6379"],
-    [sys.executable, "-m", "services.cli", "serve", "models/SmolLM2-135M-Instruct",
+    [sys.executable, "-m", "pagedserve.services.scheduler", "--redis-url", f"http://:{PASSWORD}@cache:6379"],
+    [sys.executable, "-m", "pagedserve.services.cli", "serve", "models/SmolLM2-135M-Instruct",
      "--redis-url", f"cache:6379/0?password={PASSWORD}"],
 ])
 def test_a_url_redis_cannot_take_stops_the_start_with_exit_2(argv):

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import RedisServer
 from tests.support.tasks import cancelled_after, running
 from tests.support.waiting import wait_for_async

@@ -11,17 +11,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.scheduler import engine_loop, service
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.request_observer import RequestObserver
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.service import SchedulerServicer
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.proto_convert.scheduler_contract import generate_request_to_pb
+from pagedserve.services.scheduler import engine_loop, service
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.metrics import SchedulerMetrics
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.request_observer import RequestObserver
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.service import SchedulerServicer
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.unit.scheduler_service.test_service import Aborted, FakeContext
 

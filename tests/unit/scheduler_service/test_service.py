@@ -7,14 +7,14 @@ import asyncio
 import grpc
 import pytest
 
-from services.proto_convert.scheduler_contract import generate_request_to_pb
-from services.proto_gen import scheduler_pb2
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.service import SchedulerServicer
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.proto_convert.scheduler_contract import generate_request_to_pb
+from pagedserve.services.proto_gen import scheduler_pb2
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.service import SchedulerServicer
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.fake_worker_client import DESCRIPTION, FakeWorkerClient
 from tests.support.tasks import running
 

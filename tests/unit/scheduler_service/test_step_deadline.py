@@ -12,19 +12,19 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.grpc_errors import WorkerUnavailable
-from services.ports import free_port
-from services.proto_convert.common import description_to_pb
-from services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb
-from services.proto_gen import worker_pb2_grpc
-from services.scheduler.engine_loop import EngineLoop
-from services.scheduler.redis_state import NullStateWriter
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.worker_client import WorkerClient
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import StepOutput
+from pagedserve.services.grpc_errors import WorkerUnavailable
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_convert.common import description_to_pb
+from pagedserve.services.proto_convert.worker_contract import step_input_from_pb, step_output_to_pb
+from pagedserve.services.proto_gen import worker_pb2_grpc
+from pagedserve.services.scheduler.engine_loop import EngineLoop
+from pagedserve.services.scheduler.redis_state import NullStateWriter
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.worker_client import WorkerClient
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import StepOutput
 from tests.support.fake_worker_client import DESCRIPTION, SAMPLED_TOKEN
 from tests.support.tasks import running
 from tests.support.waiting import wait_for_async

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
-from services.scheduler.readiness import NotReady, Readiness
-from services.scheduler.scheduler import RequestRejected
-from services.scheduler.worker_monitor import WorkerMonitor, WorkerProbe, WorkerStatus
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
-from shared.step_protocol import FailedRequest
+from pagedserve.services.grpc_errors import RequestFailed, ServiceNotReady, WorkerUnavailable
+from pagedserve.services.scheduler.readiness import NotReady, Readiness
+from pagedserve.services.scheduler.scheduler import RequestRejected
+from pagedserve.services.scheduler.worker_monitor import WorkerMonitor, WorkerProbe, WorkerStatus
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import FailedRequest
 from tests.support.fake_worker_client import SAMPLED_TOKEN, FakeWorkerClient
 from tests.support.waiting import wait_for_async
 from tests.unit.scheduler_service.engine_harness import outputs_of, running_engine

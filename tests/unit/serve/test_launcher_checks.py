@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from services import launcher
-from services.ports import PortInUseError, free_port
-from services.serve_config import child_command, parse_serve_config
+from pagedserve.services import launcher
+from pagedserve.services.ports import PortInUseError, free_port
+from pagedserve.services.serve_config import child_command, parse_serve_config
 
 MODEL = "models/SmolLM2-135M-Instruct"
 

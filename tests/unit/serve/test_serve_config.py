@@ -7,11 +7,18 @@ import dataclasses
 
 import pytest
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from services.serve_config import SERVICES, WIRING, build_parser, child_command, child_environment, parse_serve_config
-from shared.cli_config import flag_name, leaf_fields
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.services.serve_config import (
+    SERVICES,
+    WIRING,
+    build_parser,
+    child_command,
+    child_environment,
+    parse_serve_config,
+)
+from pagedserve.shared.cli_config import flag_name, leaf_fields
 
 MODEL = "models/SmolLM2-135M-Instruct"
 # vLLM's `vllm serve` flags that pagedserve has under the same name (or as an alias)
@@ -65,7 +72,7 @@ def test_children_parse_their_commands_into_the_same_configs():
     env = child_environment(config, {})
     for name, (cls, _, _) in SERVICES.items():
         argv = child_command(config, name)[3:]
-        from shared.cli_config import parse_config
+        from pagedserve.shared.cli_config import parse_config
 
         positional = ("model_dir",) if cls is not SchedulerServiceConfig else ()
         with pytest.MonkeyPatch.context() as patch:

@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import pytest
 
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.launcher import Child, fatal_exit, resolve_ports
-from services.ports import free_port
-from services.scheduler.service_config import SchedulerServiceConfig
-from services.serve_config import SERVICES, child_environment, parse_serve_config
-from services.serve_replicas import child_plans, replica_configs
-from shared.cli_config import parse_config
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.launcher import Child, fatal_exit, resolve_ports
+from pagedserve.services.ports import free_port
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.services.serve_config import SERVICES, child_environment, parse_serve_config
+from pagedserve.services.serve_replicas import child_plans, replica_configs
+from pagedserve.shared.cli_config import parse_config
 
 MODEL = "models/SmolLM2-135M-Instruct"
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.block_hashes import ROOT_KEY, block_key, extend_block_keys, num_hittable_blocks, prompt_block_keys
+from pagedserve.shared.block_hashes import (
+    ROOT_KEY,
+    block_key,
+    extend_block_keys,
+    num_hittable_blocks,
+    prompt_block_keys,
+)
 
 
 def reference_keys(tokens: list[int], block_size: int, salt: str | None) -> list[bytes]:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from shared.cli_config import (
+from pagedserve.shared.cli_config import (
     ConfigError,
     add_config_arguments,
     check_choices,

@@ -3,10 +3,10 @@ import asyncio
 import pytest
 import uvloop
 
-from services.gateway.config import GatewayConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import parse_config
-from shared.event_loop import run
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import parse_config
+from pagedserve.shared.event_loop import run
 
 
 async def _loop_type() -> type:

@@ -8,12 +8,12 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.gpu_worker.server import WorkerServicer, build_server
-from services.internal_auth import AsyncTokenInterceptor, token_metadata
-from services.ports import free_port
-from services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
-from services.scheduler.service import SchedulerServicer
-from services.serve_config import SERVICES, child_command, child_environment, parse_serve_config
+from pagedserve.services.gpu_worker.server import WorkerServicer, build_server
+from pagedserve.services.internal_auth import AsyncTokenInterceptor, token_metadata
+from pagedserve.services.ports import free_port
+from pagedserve.services.proto_gen import common_pb2, scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc
+from pagedserve.services.scheduler.service import SchedulerServicer
+from pagedserve.services.serve_config import SERVICES, child_command, child_environment, parse_serve_config
 
 TOKEN = "s3cret-token"
 

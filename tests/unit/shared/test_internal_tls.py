@@ -20,17 +20,17 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.gateway.routing.replicas import Health
-from services.gateway.routing.scheduler_client import SCHEDULER_SERVICE, SchedulerClient
-from services.healthcheck import grpc_serving
-from services.internal_tls import InternalTLSConfig, server_credentials
-from services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port, free_port
-from services.scheduler.admission import AdmissionConfig
-from services.scheduler.redis_state import RedisStateConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.server import health_only_server
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import add_config_arguments, config_from_args
+from pagedserve.services.gateway.routing.replicas import Health
+from pagedserve.services.gateway.routing.scheduler_client import SCHEDULER_SERVICE, SchedulerClient
+from pagedserve.services.healthcheck import grpc_serving
+from pagedserve.services.internal_tls import InternalTLSConfig, server_credentials
+from pagedserve.services.ports import GRPC_SERVER_OPTIONS, bind_grpc_port, free_port
+from pagedserve.services.scheduler.admission import AdmissionConfig
+from pagedserve.services.scheduler.redis_state import RedisStateConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.server import health_only_server
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import add_config_arguments, config_from_args
 
 SERVER_NAME = "engine-0.engine.pagedserve.svc"  # the scheduler certificate's only name (not 127.0.0.1)
 

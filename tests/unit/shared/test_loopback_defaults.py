@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import leaf_fields
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import leaf_fields
 
 
 @pytest.mark.parametrize("cls", [GatewayConfig, SchedulerServiceConfig, WorkerServiceConfig])

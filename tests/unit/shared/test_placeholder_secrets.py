@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.gpu_worker.worker_config import WorkerConfig
-from services.scheduler.admission import AdmissionConfig
-from services.scheduler.redis_state import RedisStateConfig
-from services.scheduler.scheduler_config import SchedulerConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.placeholder_secrets import EXAMPLE_VALUES, is_placeholder
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.services.scheduler.admission import AdmissionConfig
+from pagedserve.services.scheduler.redis_state import RedisStateConfig
+from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.placeholder_secrets import EXAMPLE_VALUES, is_placeholder
 from tests.integration.processes import MODEL_DIR, REPO
 
 EXAMPLE = REPO / "deploy/k8s/base/secrets.env.example"
@@ -54,9 +54,9 @@ def test_configs_refuse_placeholders_and_take_real_values():
 
 
 @pytest.mark.parametrize("module, args", [
-    ("services.gateway", [str(MODEL_DIR)]),
-    ("services.scheduler", []),
-    ("services.gpu_worker", [str(MODEL_DIR)]),
+    ("pagedserve.services.gateway", [str(MODEL_DIR)]),
+    ("pagedserve.services.scheduler", []),
+    ("pagedserve.services.gpu_worker", [str(MODEL_DIR)]),
 ])
 def test_each_service_refuses_to_start_with_the_example_token(module, args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PAGEDSERVE_")}

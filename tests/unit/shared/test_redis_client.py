@@ -11,10 +11,10 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import InvalidResponse, RedisError
 
-from services.gateway.routing.prefix_mirror import PrefixMirror
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
-from shared.redis_client import ReconnectBackoff, RedisLimits, bounded_client
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+from pagedserve.shared.redis_client import ReconnectBackoff, RedisLimits, bounded_client
 from tests.faults.hostile_redis import HostileRedis
 
 

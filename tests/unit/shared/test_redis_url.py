@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.redis_url import check_redis_url, masked_url
+from pagedserve.shared.redis_url import check_redis_url, masked_url
 
 
 @pytest.mark.parametrize(("url", "shown"), [

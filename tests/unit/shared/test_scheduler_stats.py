@@ -5,8 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.scheduler.stats_collector import StatsCollector
-from shared.scheduler_stats import SCALAR_FIELDS, STATS_FIELDS, SchedulerStats, redis_fields
+from pagedserve.services.scheduler.stats_collector import StatsCollector
+from pagedserve.shared.scheduler_stats import SCALAR_FIELDS, STATS_FIELDS, SchedulerStats, redis_fields
 
 STATS = SchedulerStats(num_running=3, num_waiting=2, kv_usage=0.25, num_kv_blocks=100, num_steps=7,
                        num_preemptions=1, num_scheduled_tokens_total=90, num_prompt_tokens_total=40,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.config import GatewayConfig
-from services.gpu_worker.service_config import WorkerServiceConfig
-from services.scheduler.service_config import SchedulerServiceConfig
-from shared.cli_config import parse_config
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
+from pagedserve.shared.cli_config import parse_config
 
 CASES = [
     (GatewayConfig, ["m", "--log-level", "verbose"], "--log-level: expected one of debug, info, warning, error"),

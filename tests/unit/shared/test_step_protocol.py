@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.step_protocol import ModelDescription
+from pagedserve.shared.step_protocol import ModelDescription
 
 
 def description(num_kv_blocks: int, max_model_len: int = 256) -> ModelDescription:

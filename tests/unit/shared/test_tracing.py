@@ -5,7 +5,7 @@ from __future__ import annotations
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from shared.tracing import (
+from pagedserve.shared.tracing import (
     context_from_traceparent,
     incoming_context,
     outgoing_metadata,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.gateway.structured.reasoning_parsers.base import ReasoningFormat, ReasoningSplitter
-from services.gateway.structured.reasoning_parsers.deepseek_r1 import DeepSeekR1Reasoning
-from services.gateway.structured.reasoning_parsers.qwen3 import Qwen3Reasoning
+from pagedserve.services.gateway.structured.reasoning_parsers.base import ReasoningFormat, ReasoningSplitter
+from pagedserve.services.gateway.structured.reasoning_parsers.deepseek_r1 import DeepSeekR1Reasoning
+from pagedserve.services.gateway.structured.reasoning_parsers.qwen3 import Qwen3Reasoning
 
 REASONING_FORMATS: dict[str, type[ReasoningFormat]] = {cls.name: cls for cls in (Qwen3Reasoning, DeepSeekR1Reasoning)}
 

@@ -3,7 +3,7 @@ usually with no opening tag (one written anyway is dropped); reasoning runs to `
 
 from __future__ import annotations
 
-from services.gateway.structured.reasoning_parsers.base import ReasoningFormat
+from pagedserve.services.gateway.structured.reasoning_parsers.base import ReasoningFormat
 
 
 class DeepSeekR1Reasoning(ReasoningFormat):

@@ -3,7 +3,7 @@ template closes an empty block in the prompt and the output is all answer."""
 
 from __future__ import annotations
 
-from services.gateway.structured.reasoning_parsers.base import ReasoningFormat
+from pagedserve.services.gateway.structured.reasoning_parsers.base import ReasoningFormat
 
 
 class Qwen3Reasoning(ReasoningFormat):

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from services.gateway.structured.tool_parsers.base import ToolCallFormat
-from services.gateway.structured.tool_parsers.hermes import HermesFormat
-from services.gateway.structured.tool_parsers.llama3_json import Llama3JsonFormat
-from services.gateway.structured.tool_parsers.mistral import MistralFormat
-from services.gateway.structured.tool_parsers.qwen3_coder import Qwen3CoderFormat
+from pagedserve.services.gateway.structured.tool_parsers.base import ToolCallFormat
+from pagedserve.services.gateway.structured.tool_parsers.hermes import HermesFormat
+from pagedserve.services.gateway.structured.tool_parsers.llama3_json import Llama3JsonFormat
+from pagedserve.services.gateway.structured.tool_parsers.mistral import MistralFormat
+from pagedserve.services.gateway.structured.tool_parsers.qwen3_coder import Qwen3CoderFormat
 
 TOOL_CALL_FORMATS: dict[str, type[ToolCallFormat]] = {
     cls.name: cls for cls in (HermesFormat, Llama3JsonFormat, MistralFormat, Qwen3CoderFormat)}

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from services.gateway.api.protocol import FunctionDefinition
+from pagedserve.services.gateway.api.protocol import FunctionDefinition
 
 NO_PARAMETERS = {"type": "object", "properties": {}}
 MAX_WHITESPACE = 1  # JSON in a call holds at most one whitespace character in a row: no whitespace loops

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from services.gateway.api.protocol import FunctionDefinition
-from services.gateway.structured.tool_parsers.base import (
+from pagedserve.services.gateway.api.protocol import FunctionDefinition
+from pagedserve.services.gateway.structured.tool_parsers.base import (
     CallBlock,
     ToolCallFormat,
     decode_json,

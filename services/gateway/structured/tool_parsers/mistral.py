@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any
 
-from services.gateway.api.protocol import FunctionDefinition
-from services.gateway.structured.tool_parsers.base import (
+from pagedserve.services.gateway.api.protocol import FunctionDefinition
+from pagedserve.services.gateway.structured.tool_parsers.base import (
     CallBlock,
     ToolCallFormat,
     decode_json,

@@ -17,8 +17,8 @@ import json
 import re
 from typing import Any
 
-from services.gateway.api.protocol import FunctionDefinition
-from services.gateway.structured.tool_parsers.base import CallBlock, ToolCallFormat, end_tag_at, parsed_call
+from pagedserve.services.gateway.api.protocol import FunctionDefinition
+from pagedserve.services.gateway.structured.tool_parsers.base import CallBlock, ToolCallFormat, end_tag_at, parsed_call
 
 CALL_START, CALL_END, FUNCTION_END = "<tool_call>", "</tool_call>", "</function>"
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>", re.DOTALL)

@@ -7,15 +7,15 @@ import os
 
 import torch
 
-from kernels.cpu.build import built_or_none
-from kernels.cpu.paged_decode import NativePagedDecode
-from kernels.cpu.paged_decode import supports as supports_decode
-from kernels.cpu.paged_prefill import NativePagedPrefill
-from kernels.cpu.paged_prefill import supports as supports_prefill
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend, decode_dummy
-from services.gpu_worker.platforms.cpu.native import NativeKernels
+from pagedserve.kernels.cpu.build import built_or_none
+from pagedserve.kernels.cpu.paged_decode import NativePagedDecode
+from pagedserve.kernels.cpu.paged_decode import supports as supports_decode
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
+from pagedserve.kernels.cpu.paged_prefill import supports as supports_prefill
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend, decode_dummy
+from pagedserve.services.gpu_worker.platforms.cpu.native import NativeKernels
 
 
 def triton_backend(shape: AttentionShape, triton_interpret: bool) -> AttentionBackend:
@@ -23,7 +23,7 @@ def triton_backend(shape: AttentionShape, triton_interpret: bool) -> AttentionBa
     if not triton_interpret:
         raise ValueError("attention backend 'triton' needs a CUDA device, or TRITON_INTERPRET=1 set before start "
                          "to run its kernels in the (slow) interpreter on cpu")
-    from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+    from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 
     return TritonAttentionBackend(shape)
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu.fused_ops import LANES, FusedOps
-from kernels.cpu.fused_ops import supports as supports_fused
-from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.model import MLP, Attention, DecoderLM
+from pagedserve.kernels.cpu.fused_ops import LANES, FusedOps
+from pagedserve.kernels.cpu.fused_ops import supports as supports_fused
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.services.gpu_worker.model import MLP, Attention, DecoderLM
 
 
 def bind_fused_ops(model: DecoderLM, ops: FusedOps) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from kernels.cpu.int8_linear import supports
-from kernels.cpu.weight_grid import find_grid
+from pagedserve.kernels.cpu.int8_linear import supports
+from pagedserve.kernels.cpu.weight_grid import find_grid
 
 _PROBED = ("q_proj.weight", "gate_proj.weight", "qkv_proj.weight")
 

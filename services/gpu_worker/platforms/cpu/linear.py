@@ -26,18 +26,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu.int8_linear import Int8Linear, Int8Weight, pack_grid
-from kernels.cpu.int8_linear import supports as supports_int8
-from kernels.cpu.packed_linear import PackedLinear, PackedWeight, pack_weight
-from kernels.cpu.packed_linear import supports as supports_packed
-from kernels.cpu.small_linear import MAX_ROWS, SmallLinear
-from kernels.cpu.small_linear import supports as supports_small
-from kernels.cpu.weight_grid import find_grid
-from services.gpu_worker.compiling import compile_function
-from services.gpu_worker.layers.linear import Linear, Product, at_least_two_rows
-from services.gpu_worker.platforms.cpu import prepacked
-from services.gpu_worker.platforms.cpu.native import NativeKernels
-from services.gpu_worker.step_rows import StepRows
+from pagedserve.kernels.cpu.int8_linear import Int8Linear, Int8Weight, pack_grid
+from pagedserve.kernels.cpu.int8_linear import supports as supports_int8
+from pagedserve.kernels.cpu.packed_linear import PackedLinear, PackedWeight, pack_weight
+from pagedserve.kernels.cpu.packed_linear import supports as supports_packed
+from pagedserve.kernels.cpu.small_linear import MAX_ROWS, SmallLinear
+from pagedserve.kernels.cpu.small_linear import supports as supports_small
+from pagedserve.kernels.cpu.weight_grid import find_grid
+from pagedserve.services.gpu_worker.compiling import compile_function
+from pagedserve.services.gpu_worker.layers.linear import Linear, Product, at_least_two_rows
+from pagedserve.services.gpu_worker.platforms.cpu import prepacked
+from pagedserve.services.gpu_worker.platforms.cpu.native import NativeKernels
+from pagedserve.services.gpu_worker.step_rows import StepRows
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ from functools import cached_property
 
 import torch
 
-from kernels.cpu.build import built_or_none
-from kernels.cpu.fused_ops import FusedOps
-from kernels.cpu.int8_linear import Int8Linear, pack_grid
-from kernels.cpu.packed_linear import PackedLinear, pack_weight
-from kernels.cpu.paged_decode import NativePagedDecode
-from kernels.cpu.paged_prefill import NativePagedPrefill
-from kernels.cpu.small_linear import SmallLinear
-from kernels.cpu.weight_grid import find_grid
+from pagedserve.kernels.cpu.build import built_or_none
+from pagedserve.kernels.cpu.fused_ops import FusedOps
+from pagedserve.kernels.cpu.int8_linear import Int8Linear, pack_grid
+from pagedserve.kernels.cpu.packed_linear import PackedLinear, pack_weight
+from pagedserve.kernels.cpu.paged_decode import NativePagedDecode
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
+from pagedserve.kernels.cpu.small_linear import SmallLinear
+from pagedserve.kernels.cpu.weight_grid import find_grid
 
 
 class NativeKernels:

@@ -13,19 +13,19 @@ import logging
 
 import torch
 
-from kernels.cpu.build import built_or_none
-from kernels.cpu.decode_layers import DecodeLayers, DecodeShape, Kernels, LayerWeights, Projection
-from kernels.cpu.int8_linear import Int8Linear
-from kernels.cpu.paged_prefill import NativePagedPrefill
-from services.gpu_worker.attention.metadata import AttentionMetadata
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.layers.linear import Linear
-from services.gpu_worker.model import DecoderLayer, DecoderLM
-from services.gpu_worker.platforms.cpu.elementwise import fits
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear
-from services.gpu_worker.platforms.cpu.native import NativeKernels
-from services.gpu_worker.step_rows import KeptRows
+from pagedserve.kernels.cpu.build import built_or_none
+from pagedserve.kernels.cpu.decode_layers import DecodeLayers, DecodeShape, Kernels, LayerWeights, Projection
+from pagedserve.kernels.cpu.int8_linear import Int8Linear
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.layers.linear import Linear
+from pagedserve.services.gpu_worker.model import DecoderLayer, DecoderLM
+from pagedserve.services.gpu_worker.platforms.cpu.elementwise import fits
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear
+from pagedserve.services.gpu_worker.platforms.cpu.native import NativeKernels
+from pagedserve.services.gpu_worker.step_rows import KeptRows
 
 log = logging.getLogger(__name__)
 

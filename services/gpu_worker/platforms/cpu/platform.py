@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu.packed_linear import PackedWeight
-from services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.layers.grid_embedding import GridEmbedding
-from services.gpu_worker.model import DecoderLM
-from services.gpu_worker.model_config import parse_dtype
-from services.gpu_worker.platforms.cpu import attention
-from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_fast_bf16
-from services.gpu_worker.platforms.cpu.elementwise import bind_fused_ops
-from services.gpu_worker.platforms.cpu.grid_checkpoint import has_4bit_grid_weights
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions, bind_linears
-from services.gpu_worker.platforms.cpu.native import NativeKernels
-from services.gpu_worker.platforms.cpu.one_call_decode import build_one_call_decode
-from services.gpu_worker.platforms.platform import ModelForward, Platform
-from services.gpu_worker.quantized.scheme import has_int4_scheme
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.gguf_folder import find_gguf
+from pagedserve.kernels.cpu.packed_linear import PackedWeight
+from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.layers.grid_embedding import GridEmbedding
+from pagedserve.services.gpu_worker.model import DecoderLM
+from pagedserve.services.gpu_worker.model_config import parse_dtype
+from pagedserve.services.gpu_worker.platforms.cpu import attention
+from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_fast_bf16
+from pagedserve.services.gpu_worker.platforms.cpu.elementwise import bind_fused_ops
+from pagedserve.services.gpu_worker.platforms.cpu.grid_checkpoint import has_4bit_grid_weights
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions, bind_linears
+from pagedserve.services.gpu_worker.platforms.cpu.native import NativeKernels
+from pagedserve.services.gpu_worker.platforms.cpu.one_call_decode import build_one_call_decode
+from pagedserve.services.gpu_worker.platforms.platform import ModelForward, Platform
+from pagedserve.services.gpu_worker.quantized.scheme import has_int4_scheme
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.gguf_folder import find_gguf
 
 
 class CpuPlatform(Platform):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
+from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
 
 BATCH_HINT = 64  # rows oneDNN picks its packing for (a full decode batch)
 MIN_ROWS = 4  # up to this many decode rows the C few-row kernel is faster than a prepacked product

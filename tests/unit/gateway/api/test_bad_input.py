@@ -8,7 +8,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from services.gateway.api.protocol import lone_surrogate_path
+from pagedserve.services.gateway.api.protocol import lone_surrogate_path
 from tests.unit.gateway.test_app import CHAT, gateway
 
 MESSAGES = CHAT["messages"]

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.config import GatewayConfig
 from tests.unit.gateway.app_client import app_client, serving
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient

@@ -13,8 +13,8 @@ from openai import OpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from services.ports import free_port
-from shared.structured_output import StructuredOutputKind
+from pagedserve.services.ports import free_port
+from pagedserve.shared.structured_output import StructuredOutputKind
 from tests.integration.processes import RedisServer
 from tests.unit.gateway.app_client import checked_gateway
 from tests.unit.gateway.fake_scheduler import DESCRIPTION, FakeSchedulerClient

@@ -8,9 +8,9 @@ import asyncio
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from services.gateway.api.response_store import MemoryResponseStore, StoredResponse
-from services.gateway.api.responses_output import ResponseBuilder, ResponseHead, build_whole
-from services.gateway.api.responses_stream import EventNumbering, chunk_events, response_events
+from pagedserve.services.gateway.api.response_store import MemoryResponseStore, StoredResponse
+from pagedserve.services.gateway.api.responses_output import ResponseBuilder, ResponseHead, build_whole
+from pagedserve.services.gateway.api.responses_stream import EventNumbering, chunk_events, response_events
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 USAGE = {"prompt_tokens": 7, "completion_tokens": 5, "total_tokens": 12, "prompt_tokens_details": {"cached_tokens": 2},

@@ -14,9 +14,9 @@ import grpc.aio
 import pytest
 from fastapi.testclient import TestClient
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.app import create_app
+from pagedserve.services.gateway.config import GatewayConfig
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FailOnce, FakeSchedulerClient, fake_replicas
 

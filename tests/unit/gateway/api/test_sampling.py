@@ -6,9 +6,14 @@ import json
 
 import pytest
 
-from services.gateway.api.protocol import ChatCompletionRequest
-from services.gateway.api.sampling import ModelLimits, RequestShape, build_sampling_params, load_generation_defaults
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest
+from pagedserve.services.gateway.api.sampling import (
+    ModelLimits,
+    RequestShape,
+    build_sampling_params,
+    load_generation_defaults,
+)
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 LIMITS = ModelLimits(max_model_len=100, vocab_size=1000)
 CHAT = RequestShape("messages", "max_tokens", "top_logprobs")

@@ -14,11 +14,11 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from services.gateway.api.serving import Serving
-from services.gateway.app import create_app
-from services.gateway.config import GatewayConfig
-from services.ports import free_port
-from shared.request_io import RequestOutput
+from pagedserve.services.gateway.api.serving import Serving
+from pagedserve.services.gateway.app import create_app
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.ports import free_port
+from pagedserve.shared.request_io import RequestOutput
 from tests.integration.processes import wait_for
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from services.gateway.api.sse_template import TextChunkTemplate, text_marker
+from pagedserve.services.gateway.api.sse_template import TextChunkTemplate, text_marker
 
 TEXTS = ["", " world", 'say "hi"\n', "back\\slash\ttab", "é ü 中文 🙂", "\u2028\u2029", "\x00\x1f", "}{\"]["]
 

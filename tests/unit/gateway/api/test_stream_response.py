@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from services.gateway.api.generation import ChoiceDelta
-from services.gateway.api.stream_response import first_delta_or_error
-from services.gateway.http.admission import Admission
-from services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.api.generation import ChoiceDelta
+from pagedserve.services.gateway.api.stream_response import first_delta_or_error
+from pagedserve.services.gateway.http.admission import Admission
+from pagedserve.services.gateway.http.errors import OpenAIError
 
 
 class StayingClient:

@@ -10,10 +10,10 @@ import time
 import uvicorn
 from prometheus_client import CollectorRegistry, Counter
 
-from services.gateway.http.admission import Admission, AdmissionGate
-from services.gateway.http.drain import DrainingServer
-from services.gateway.http.errors import OpenAIError
-from shared.drain_timing import CUT_GRACE_S
+from pagedserve.services.gateway.http.admission import Admission, AdmissionGate
+from pagedserve.services.gateway.http.drain import DrainingServer
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.shared.drain_timing import CUT_GRACE_S
 from tests.unit.gateway.test_app import CHAT, gateway_with_state
 
 

@@ -7,8 +7,8 @@ import grpc.aio
 import pytest
 from fastapi.exceptions import RequestValidationError
 
-from services.gateway.http.errors import OpenAIError, to_openai_error
-from shared.sampling_params import SamplingParamsError
+from pagedserve.services.gateway.http.errors import OpenAIError, to_openai_error
+from pagedserve.shared.sampling_params import SamplingParamsError
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

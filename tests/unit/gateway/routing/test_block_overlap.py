@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from services.gateway.routing.block_overlap import Overlap, OverlapCache, overlaps
-from services.gateway.routing.prefix_mirror import InstanceView, PrefixMirror
-from services.gateway.routing.replica_gauges import ReplicaStateCollector
+from pagedserve.services.gateway.routing.block_overlap import Overlap, OverlapCache, overlaps
+from pagedserve.services.gateway.routing.prefix_mirror import InstanceView, PrefixMirror
+from pagedserve.services.gateway.routing.replica_gauges import ReplicaStateCollector
 
 
 def test_unique_blocks_are_those_no_other_replica_holds():

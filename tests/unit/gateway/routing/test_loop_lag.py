@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from services.gateway.routing.loop_lag import LoopLag
-from services.gateway.routing.replicas import Health, Replica, ReplicaIdentity, ReplicaSet
+from pagedserve.services.gateway.routing.loop_lag import LoopLag
+from pagedserve.services.gateway.routing.replicas import Health, Replica, ReplicaIdentity, ReplicaSet
 from tests.support.tasks import running
 from tests.support.waiting import wait_for_async
 from tests.unit.gateway.fake_scheduler import DESCRIPTION

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from services.gateway.routing.policy import (
+from pagedserve.services.gateway.routing.policy import (
     Candidate,
     choose_by_prefix,
     choose_least_load,

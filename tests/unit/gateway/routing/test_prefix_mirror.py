@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from services.gateway.routing.prefix_mirror import PrefixMirror
-from services.scheduler.prefix_cache import PrefixIndex
-from services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.scheduler.prefix_cache import PrefixIndex
+from pagedserve.services.scheduler.redis_state import RedisStateConfig, RedisStateWriter
 from tests.integration.processes import RedisServer
 from tests.support.tasks import cancelled_after, running
 from tests.support.waiting import wait_for_async

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from services.gateway.routing.prefix_mirror import PrefixMirror
+from pagedserve.services.gateway.routing.prefix_mirror import PrefixMirror
 from tests.integration.processes import MODEL_DIR, REPO
 from tests.unit.scheduler_service.test_redis_secrets import (  # noqa: F401 (fixture)
     PASSWORD,
@@ -26,14 +26,15 @@ async def _read_once(url: str) -> PrefixMirror:
 
 @pytest.mark.asyncio
 async def test_the_prefix_mirror_logs_the_redis_url_masked(redis_with_password, caplog):  # noqa: F811
-    logger = "services.gateway.routing.prefix_mirror"
+    logger = "pagedserve.services.gateway.routing.prefix_mirror"
     warning, info = await wrong_then_right(_read_once, redis_with_password, caplog, logger)
     assert f"Redis at redis://:***@127.0.0.1:{redis_with_password}/0 unreadable" in warning
     assert f"reading Redis at redis://:***@127.0.0.1:{redis_with_password}/0" in info
 
 
 def test_a_url_redis_cannot_take_stops_the_gateway_with_exit_2():
-    argv = [sys.executable, "-m", "services.gateway", str(MODEL_DIR), "--redis-url", f"http://:{PASSWORD}@cache:6379"]
+    argv = [sys.executable, "-m", "pagedserve.services.gateway", str(MODEL_DIR), "--redis-url",
+            f"http://:{PASSWORD}@cache:6379"]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     last_line = done.stderr.strip().splitlines()[-1]

@@ -12,12 +12,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from services.gateway.routing.replicas import ReplicaSet
-from services.gateway.routing.resumption import ResumeBudget, generate_resuming
-from services.gateway.routing.router import Router, RouterConfig
-from services.gateway.routing.router_metrics import RouterMetrics
-from shared.request_io import FinishReason, GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gateway.routing.replicas import ReplicaSet
+from pagedserve.services.gateway.routing.resumption import ResumeBudget, generate_resuming
+from pagedserve.services.gateway.routing.router import Router, RouterConfig
+from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+from pagedserve.shared.request_io import FinishReason, GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 from tests.unit.gateway.routing.test_router import rpc_error, running
 

@@ -12,15 +12,15 @@ import grpc.aio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.gateway.http.errors import OpenAIError, admit_after_s
-from services.gateway.routing.prefix_mirror import InstanceView, ReplicaLoad
-from services.gateway.routing.replica_addresses import Target
-from services.gateway.routing.replicas import ReplicaSet
-from services.gateway.routing.router import PendingPrefixes, Router, RouterConfig
-from services.gateway.routing.router_metrics import RouterMetrics
-from shared.block_hashes import prompt_block_keys
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gateway.http.errors import OpenAIError, admit_after_s
+from pagedserve.services.gateway.routing.prefix_mirror import InstanceView, ReplicaLoad
+from pagedserve.services.gateway.routing.replica_addresses import Target
+from pagedserve.services.gateway.routing.replicas import ReplicaSet
+from pagedserve.services.gateway.routing.router import PendingPrefixes, Router, RouterConfig
+from pagedserve.services.gateway.routing.router_metrics import RouterMetrics
+from pagedserve.shared.block_hashes import prompt_block_keys
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.support.waiting import wait_for_async
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient, fake_replicas
 
@@ -208,7 +208,7 @@ async def test_without_the_index_a_prefix_sticks_to_its_consistent_hash_owner(to
 @pytest.mark.asyncio
 async def test_one_live_replica_is_chosen_without_hashing_or_a_fallback(tokenizer, monkeypatch):
     """A single engine (the plain `serve`, or the one replica left) pays nothing for routing."""
-    import services.gateway.routing.router as router_module
+    import pagedserve.services.gateway.routing.router as router_module
 
     def no_hashing(*args, **kwargs):
         raise AssertionError("hashed a prompt with one replica to choose from")

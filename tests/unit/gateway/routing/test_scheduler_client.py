@@ -11,11 +11,11 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.gateway.routing.replicas import Health
-from services.gateway.routing.scheduler_client import SCHEDULER_SERVICE, SchedulerClient
-from services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gateway.routing.replicas import Health
+from pagedserve.services.gateway.routing.scheduler_client import SCHEDULER_SERVICE, SchedulerClient
+from pagedserve.services.proto_gen import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 
 
 class StallingScheduler(scheduler_pb2_grpc.SchedulerServiceServicer):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.grammar_check import GrammarChecker
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.grammar_check import GrammarChecker
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.unit.gateway.conftest import MODEL_DIR
 
 
@@ -69,9 +69,9 @@ def test_the_child_dies_with_its_gateway():
     """A gateway that dies mid-compile leaves no orphan compiling on (and holding memory)."""
     script = f"""
 import asyncio, os
-from services.gateway.structured.grammar_check import GrammarChecker
-from services.gateway.structured.structured_outputs import Constraint
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.structured.grammar_check import GrammarChecker
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
 async def main():
     checker = GrammarChecker({str(MODEL_DIR)!r}, 49152, (2,), timeout_s=600)

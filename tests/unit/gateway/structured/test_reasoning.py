@@ -9,16 +9,16 @@ from contextlib import contextmanager
 
 import pytest
 
-from services.gateway.structured.reasoning_grammar import after_reasoning
-from services.gateway.structured.reasoning_parsers import (
+from pagedserve.services.gateway.structured.reasoning_grammar import after_reasoning
+from pagedserve.services.gateway.structured.reasoning_parsers import (
     REASONING_FORMATS,
     ReasoningSplitter,
     default_reasoning_parser,
 )
-from services.gateway.structured.structured_outputs import Constraint
-from services.gpu_worker.grammar import RequestGrammar
-from shared.grammar_cache import GrammarCache
-from shared.structured_output import StructuredOutput, StructuredOutputKind
+from pagedserve.services.gateway.structured.structured_outputs import Constraint
+from pagedserve.services.gpu_worker.grammar import RequestGrammar
+from pagedserve.shared.grammar_cache import GrammarCache
+from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 from tests.unit.gateway.app_client import checked_gateway
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient

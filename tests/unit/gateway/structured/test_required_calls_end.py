@@ -6,9 +6,9 @@ from __future__ import annotations
 import xgrammar as xgr
 from transformers import AutoTokenizer
 
-from services.gateway.api.protocol import ChatCompletionRequest
-from services.gateway.structured.tools import tool_constraint, tool_plan_of
-from shared.grammar_cache import GrammarCache
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest
+from pagedserve.services.gateway.structured.tools import tool_constraint, tool_plan_of
+from pagedserve.shared.grammar_cache import GrammarCache
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]

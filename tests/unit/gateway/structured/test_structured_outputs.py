@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from services.gateway.api.protocol import ChatCompletionRequest, CompletionRequest
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.structured_outputs import constraint_of, unenforced_keyword
-from shared.structured_output import StructuredOutputKind as Kind
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest, CompletionRequest
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.structured_outputs import constraint_of, unenforced_keyword
+from pagedserve.shared.structured_output import StructuredOutputKind as Kind
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 SCHEMA = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}, "required": ["b"]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 
-from shared.structured_output import StructuredOutputKind
+from pagedserve.shared.structured_output import StructuredOutputKind
 from tests.unit.gateway.app_client import checked_gateway
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient
 from tests.unit.gateway.structured.test_tools import TIME, WEATHER

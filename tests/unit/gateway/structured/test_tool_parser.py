@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.gateway.api.protocol import FunctionDefinition
-from services.gateway.structured.tool_parser import ToolCallParser, parse_tool_calls
-from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, default_tool_call_parser
+from pagedserve.services.gateway.api.protocol import FunctionDefinition
+from pagedserve.services.gateway.structured.tool_parser import ToolCallParser, parse_tool_calls
+from pagedserve.services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS, default_tool_call_parser
 
 FUNCTIONS = [FunctionDefinition(name="get_weather", parameters={
                  "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "array"}}}),

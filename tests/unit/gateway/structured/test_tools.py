@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from services.gateway.api.protocol import ChatCompletionRequest
-from services.gateway.http.errors import OpenAIError
-from services.gateway.structured.tool_parser import parse_tool_calls
-from services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
-from services.gateway.structured.tool_parsers.hermes import HermesFormat
-from services.gateway.structured.tools import template_messages, tool_constraint, tool_plan_of
-from services.gpu_worker.grammar import RequestGrammar
-from shared.grammar_cache import GrammarCache
+from pagedserve.services.gateway.api.protocol import ChatCompletionRequest
+from pagedserve.services.gateway.http.errors import OpenAIError
+from pagedserve.services.gateway.structured.tool_parser import parse_tool_calls
+from pagedserve.services.gateway.structured.tool_parsers import TOOL_CALL_FORMATS
+from pagedserve.services.gateway.structured.tool_parsers.hermes import HermesFormat
+from pagedserve.services.gateway.structured.tools import template_messages, tool_constraint, tool_plan_of
+from pagedserve.services.gpu_worker.grammar import RequestGrammar
+from pagedserve.shared.grammar_cache import GrammarCache
 from tests.unit.gateway.conftest import MODEL_DIR
 
 WEATHER = {"type": "function", "function": {

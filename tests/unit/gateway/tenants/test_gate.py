@@ -10,11 +10,11 @@ import string
 
 import pytest
 
-from services.gateway.http.metrics import GatewayMetrics
-from services.gateway.tenants.gate import TenantGate
-from services.gateway.tenants.metrics import TenantMetrics
-from services.gateway.tenants.rate_limit import RateLimiter
-from services.gateway.tenants.registry import TenantRegistry
+from pagedserve.services.gateway.http.metrics import GatewayMetrics
+from pagedserve.services.gateway.tenants.gate import TenantGate
+from pagedserve.services.gateway.tenants.metrics import TenantMetrics
+from pagedserve.services.gateway.tenants.rate_limit import RateLimiter
+from pagedserve.services.gateway.tenants.registry import TenantRegistry
 from tests.unit.gateway.test_app import CHAT, gateway_with_state
 
 KEYS = {"tenants": {

@@ -9,8 +9,14 @@ import os
 
 import pytest
 
-from services.gateway.tenants.keys_file import DEFAULT_TENANT, KeysFileError, Tenant, key_digest, load_keys_file
-from services.gateway.tenants.registry import TenantRegistry
+from pagedserve.services.gateway.tenants.keys_file import (
+    DEFAULT_TENANT,
+    KeysFileError,
+    Tenant,
+    key_digest,
+    load_keys_file,
+)
+from pagedserve.services.gateway.tenants.registry import TenantRegistry
 
 ISSUE_SHAPE = {"tenants": {"team-a": {"keys": ["sk-a1"], "rpm": 60, "tpm": 100000, "max_concurrent": 8,
                                       "priority": 0, "weight": 1}}}

@@ -9,10 +9,10 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from services.gateway.tenants.keys_file import Tenant
-from services.gateway.tenants.metrics import TenantMetrics
-from services.gateway.tenants.rate_limit import REDIS_TIMEOUT_S, BucketState, LocalBuckets, RateLimiter
-from services.ports import free_port
+from pagedserve.services.gateway.tenants.keys_file import Tenant
+from pagedserve.services.gateway.tenants.metrics import TenantMetrics
+from pagedserve.services.gateway.tenants.rate_limit import REDIS_TIMEOUT_S, BucketState, LocalBuckets, RateLimiter
+from pagedserve.services.ports import free_port
 from tests.integration.processes import RedisServer
 
 

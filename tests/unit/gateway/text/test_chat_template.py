@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.config import GatewayConfig
-from services.gateway.text.chat_template import load_chat_template
-from services.gateway.text.tokenizer import PromptTokenizer
+from pagedserve.services.gateway.config import GatewayConfig
+from pagedserve.services.gateway.text.chat_template import load_chat_template
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
 from tests.unit.gateway.app_client import app_client, serving
 from tests.unit.gateway.conftest import MODEL_DIR
 from tests.unit.gateway.fake_scheduler import FakeSchedulerClient

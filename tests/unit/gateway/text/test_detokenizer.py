@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gateway.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from pagedserve.services.gateway.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 EOS = 2  # <|im_end|> in SmolLM2
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.gateway.text.stop_strings import StopStringMatcher
+from pagedserve.services.gateway.text.stop_strings import StopStringMatcher
 
 
 def feed_all(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:

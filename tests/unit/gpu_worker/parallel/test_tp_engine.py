@@ -9,13 +9,13 @@ import torch
 from transformers import AutoTokenizer
 
 from pagedserve.llm import chat_token_ids
-from services.gpu_worker.kv_cache import kv_bytes_per_token
-from services.gpu_worker.model_config import UnsupportedModelError, load_model_config
-from services.gpu_worker.parallel.launch import build_worker
-from services.gpu_worker.parallel.leader import TensorParallelLeader
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.request_io import GenerateRequest
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.kv_cache import kv_bytes_per_token
+from pagedserve.services.gpu_worker.model_config import UnsupportedModelError, load_model_config
+from pagedserve.services.gpu_worker.parallel.launch import build_worker
+from pagedserve.services.gpu_worker.parallel.leader import TensorParallelLeader
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.request_io import GenerateRequest
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.pagedserve.engine_runs import run
 
 NUM_REQUESTS = 6

@@ -9,9 +9,9 @@ import multiprocessing
 import pytest
 import torch
 
-from services.gpu_worker.model_config import UnsupportedModelError, load_model_config
-from services.gpu_worker.parallel.group import free_init_method, join_group, leave_group
-from services.gpu_worker.parallel.shard_plan import ShardPlan
+from pagedserve.services.gpu_worker.model_config import UnsupportedModelError, load_model_config
+from pagedserve.services.gpu_worker.parallel.group import free_init_method, join_group, leave_group
+from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
 from tests.unit.gpu_worker.parallel.tp_models import TP_MODELS, make_tp_model, run_steps
 
 SPLIT_BOTH = ["llama", "qwen2", "qwen3", "mistral"]  # 6 heads; 6 or 1 KV heads: split or replicated by 2 and 3

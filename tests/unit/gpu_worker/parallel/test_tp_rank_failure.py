@@ -29,7 +29,8 @@ def test_killing_a_rank_ends_the_worker(tmp_path):
     log_path = tmp_path / "worker.log"
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "services.gpu_worker", str(tmp_path / "llama"), "-tp", "3", "--dtype", "float32",
+            [sys.executable, "-m", "pagedserve.services.gpu_worker", str(tmp_path / "llama"), "-tp", "3", "--dtype",
+             "float32",
              "--worker-port", str(_free_port()), "--kv-cache-memory", "8MiB", "--no-torch-compile",
              "--no-native-kernels", "--distributed-timeout-s", "20"],
             stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())

@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from services.gpu_worker.model_runner import ModelRunner
-from services.gpu_worker.parallel.group import TensorParallelGroup
-from services.gpu_worker.request_state import RequestState
-from services.gpu_worker.worker_config import WorkerConfig
-from shared.sampling_params import SamplingParams
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.parallel.group import TensorParallelGroup
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.shared.sampling_params import SamplingParams
 
 _COMMON = dict(vocab_size=101, hidden_size=96, intermediate_size=96, num_hidden_layers=2, num_attention_heads=6,
                max_position_embeddings=256)

@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cpu.paged_prefill import NativePagedPrefill
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.loader import load_model
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.platforms import platform_for
-from services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.worker_config import WorkerConfig
+from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.loader import load_model
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.platforms import platform_for
+from pagedserve.services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 from tests.unit.gpu_worker.platforms.test_one_call_decode import _save
 
 SHAPE = AttentionShape(6, 2, 64, 0.125)

@@ -13,18 +13,18 @@ import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
-import services.gpu_worker.platforms.cpu.native as native_module
-from kernels.cpu.build import KernelBuildError
-from kernels.cpu.int8_linear import Int8Linear, pack_grid
-from kernels.cpu.packed_linear import PackedLinear, pack_weight
-from kernels.cpu.small_linear import MAX_ROWS
-from kernels.cpu.weight_grid import find_grid
-from services.gpu_worker.layers.linear import Linear
-from services.gpu_worker.platforms.cpu import prepacked
-from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx
-from services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions, RoutedLinear, bind_linears
-from services.gpu_worker.platforms.cpu.native import NativeKernels
-from services.gpu_worker.step_rows import StepRows
+import pagedserve.services.gpu_worker.platforms.cpu.native as native_module
+from pagedserve.kernels.cpu.build import KernelBuildError
+from pagedserve.kernels.cpu.int8_linear import Int8Linear, pack_grid
+from pagedserve.kernels.cpu.packed_linear import PackedLinear, pack_weight
+from pagedserve.kernels.cpu.small_linear import MAX_ROWS
+from pagedserve.kernels.cpu.weight_grid import find_grid
+from pagedserve.services.gpu_worker.layers.linear import Linear
+from pagedserve.services.gpu_worker.platforms.cpu import prepacked
+from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx
+from pagedserve.services.gpu_worker.platforms.cpu.linear import CGemmLinear, LinearOptions, RoutedLinear, bind_linears
+from pagedserve.services.gpu_worker.platforms.cpu.native import NativeKernels
+from pagedserve.services.gpu_worker.step_rows import StepRows
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
 # CPU kinds by the flags the platform reads: (fast bf16, AMX)

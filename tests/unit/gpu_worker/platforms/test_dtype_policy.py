@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.platforms.cpu import platform as cpu_platform
-from services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.platforms.cuda import CudaPlatform
+from pagedserve.services.gpu_worker.platforms.cpu import platform as cpu_platform
+from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 
 
 @pytest.mark.parametrize(("flags", "fast", "amx"), [

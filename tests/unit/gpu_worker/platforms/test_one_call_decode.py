@@ -10,17 +10,17 @@ import torch
 import transformers
 from gguf import GGMLQuantizationType
 
-from kernels.cpu.decode_layers import DecodeLayers
-from services.gpu_worker.attention.backend import AttentionShape
-from services.gpu_worker.input_batch import build_model_input
-from services.gpu_worker.kv_cache import KVCache
-from services.gpu_worker.layers.linear import TorchLinear
-from services.gpu_worker.loader import load_model
-from services.gpu_worker.model_config import load_model_config
-from services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode, build_one_call_decode
-from services.gpu_worker.platforms.cpu.platform import CpuPlatform
-from services.gpu_worker.request_state import RequestState
-from shared.sampling_params import SamplingParams
+from pagedserve.kernels.cpu.decode_layers import DecodeLayers
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
+from pagedserve.services.gpu_worker.input_batch import build_model_input
+from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.layers.linear import TorchLinear
+from pagedserve.services.gpu_worker.loader import load_model
+from pagedserve.services.gpu_worker.model_config import load_model_config
+from pagedserve.services.gpu_worker.platforms.cpu.one_call_decode import OneCallDecode, build_one_call_decode
+from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
+from pagedserve.services.gpu_worker.request_state import RequestState
+from pagedserve.shared.sampling_params import SamplingParams
 from tests.kernels.test_cpu_packed_linear import grid_weight
 
 # head size 64 (what the C decode attention takes), sizes multiples of 32 (the grids' groups)

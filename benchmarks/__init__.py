@@ -1,1 +1,0 @@
-"""`pagedserve bench`: a streaming load generator and metrics reporter for OpenAI-compatible servers."""
