@@ -160,3 +160,27 @@ def _unmount_token(objects):
 def test_the_checks_see_each_breakage(rendered, change, expected):
     problems = check_engine_scale_down(_broken(rendered["gpu-keda"], change))
     assert any(expected in p for p in problems), problems
+
+
+MTLS_KEDA = ["../../components/internal-mtls", "../../components/monitoring", "../../components/autoscaling-keda"]
+
+
+@pytest.mark.parametrize("components", [MTLS_KEDA, MTLS_KEDA[::-1]], ids=["mtls-first", "keda-first"])
+def test_a_component_patching_the_statefulset_applies_in_either_order(tmp_path, components):
+    """As the component's header says: internal-mtls (a patch of the StatefulSet) with autoscaling-keda renders
+    an autoscaled engine Deployment serving TLS, whichever comes first, and every check of both holds."""
+    from tests.unit.deploy import extension_checks
+
+    root = copy_deploy_files(tmp_path)
+    overlay = root / "deploy/k8s/overlays/gpu-mtls-keda"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: pagedserve\n"
+        f"resources: [../gpu]\ncomponents: [{', '.join(components)}]\n")
+    objects, problems = checks.render(root, "gpu-mtls-keda")
+    assert problems == []
+    workload = engine(objects)
+    assert workload["kind"] == "Deployment"
+    assert "PAGEDSERVE_INTERNAL_TLS_CERT" in {v["name"] for v in scheduler(workload)["env"]}
+    assert check_engine_scale_down(objects) == [] and extension_checks.all_problems(objects) == []
+    assert checks.validate_schemas(root, {"gpu-mtls-keda": objects}) == []
