@@ -141,12 +141,13 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
     if body.max_tokens == 0:
         results = [_without_output(r) for r in results]
+    sent = {job.index: job.request.prompt_token_ids for job in jobs}  # after truncate_prompt_tokens
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
-                "logprobs": _choice_logprobs(body, serving.tokenizer, prompts[r.prompt_index], r),
+                "logprobs": _choice_logprobs(body, serving.tokenizer, sent[r.index], r),
                 "finish_reason": r.finish_reason} for r in results]
     if body.prompt_logprobs is not None:
         for choice, r in zip(choices, results, strict=True):
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(serving.tokenizer, prompts[r.prompt_index],
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(serving.tokenizer, sent[r.index],
                                                              top_n(r.prompt_logprobs or [], body.prompt_logprobs))
     return JSONResponse({"id": response_id, "object": "text_completion", "created": created,
                          "model": model.model_name, "choices": choices, "usage": usage_of(results)},
