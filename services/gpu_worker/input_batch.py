@@ -84,7 +84,9 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
                       if s + n == r.num_tokens + len(r.draft_token_ids)]
     num_decodes = sum(1 for n in num_scheduled if n == 1)
-    prompt = plan_prompt_rows(requests, starts, num_scheduled, query_start_loc[:-1].tolist(), num_decodes)
+    prompt = None
+    if any(r.sampling.prompt_logprobs is not None for r in requests):
+        prompt = plan_prompt_rows(requests, starts, num_scheduled, query_start_loc[:-1].tolist(), num_decodes)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),

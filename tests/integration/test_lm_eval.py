@@ -5,6 +5,9 @@ item's logprob equals the offline engine's (`pagedserve.LLM`, prompt logprobs of
 lm-eval lives in its own virtual environment (`make lm-eval-tools`, which `make test` runs): it is never imported
 here, only run as the command a user runs. It sends echo=True, max_tokens=1, logprobs=1 with token-id prompts and
 sums token_logprobs[ctxlen:-1] (lm_eval/models/openai_completions.py).
+
+Slow (about 2 minutes on 2 busy cores, the session's stack aside): lm_eval's own start takes ~35 s and the offline
+engine's (torch.compile) most of the rest; the items are few and short.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from pagedserve.llm import LLM
@@ -75,14 +79,27 @@ def test_local_completions_loglikelihood_matches_the_offline_engine(stack: Stack
     assert len(pairs) == sum(len(item["choices"]) for item in items)
 
     llm = LLM(WorkerConfig(model_dir=str(MODEL_DIR), kv_cache_memory_bytes=256 * 1024**2))  # serve's defaults
-    offline = []
+    offline, prompts = [], []
     for context, continuation in pairs:
         context_ids, continuation_ids = encode_pair(llm.tokenizer, context, continuation)
         [completion] = llm.generate([context_ids + continuation_ids],
-                                    SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1))
+                                    SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=2))
         entries = completion.prompt_logprobs[len(context_ids) - 1:]  # entry i is prompt token i + 1's
         assert [e.token_id for e in entries] == continuation_ids
         offline.append((sum(e.logprob for e in entries), all(e.rank == 1 for e in entries)))
+        prompts.append((context_ids + continuation_ids, completion.prompt_logprobs))
     for (context, continuation), (got, got_greedy), (want, want_greedy) in zip(pairs, served, offline, strict=True):
         assert abs(got - want) <= ATOL, (context, continuation, got, want)
         assert got_greedy == want_greedy, (context, continuation)
+
+    # vLLM's prompt_logprobs field on the same stack: every entry, the top 2 included
+    token_ids, entries = prompts[-1]
+    answer = httpx.post(f"{stack.base_url}/v1/completions", timeout=120, json={
+        "model": MODEL_DIR.name, "prompt": token_ids, "max_tokens": 1, "prompt_logprobs": 2})
+    assert answer.status_code == 200, answer.text
+    served_entries = answer.json()["choices"][0]["prompt_logprobs"]
+    assert served_entries[0] is None and len(served_entries) == len(token_ids)
+    for token_id, served_entry, entry in zip(token_ids[1:], served_entries[1:], entries, strict=True):
+        want = {token_id: entry.logprob} | dict(zip(entry.top_token_ids, entry.top_logprobs, strict=True))
+        got = {int(t): v["logprob"] for t, v in served_entry.items()}
+        assert got.keys() == want.keys() and all(abs(got[t] - want[t]) <= ATOL for t in want), (got, want)
