@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
 	bench-batch-invariant \
-	redis-server deploy-tools prometheus-rule compose-check gpu-check clean
+	redis-server deploy-tools lm-eval-tools prometheus-rule compose-check gpu-check clean
 
 setup: $(STAMP) hooks
 
@@ -47,6 +47,18 @@ deploy-tools: $(STAMP)
 	      prometheus >/dev/null; \
 	  else echo "promtool/prometheus are missing: run 'sudo apt-get install -y prometheus'" >&2; exit 1; fi; }
 
+# lm-evaluation-harness in its own venv (LM_EVAL_VENV; its dependencies stay out of the project's), for
+# tests/integration/test_lm_eval.py: local-completions against `pagedserve serve` (docs/api.md, prompt logprobs).
+# `[api]` brings its HTTP client; transformers its huggingface tokenizer backend (no torch needed for that).
+LM_EVAL_VENV := .lmeval-venv
+LM_EVAL_STAMP := $(LM_EVAL_VENV)/.installed
+lm-eval-tools: $(LM_EVAL_STAMP)
+
+$(LM_EVAL_STAMP):
+	test -x $(LM_EVAL_VENV)/bin/python || $(PYTHON) -m venv $(LM_EVAL_VENV)
+	$(LM_EVAL_VENV)/bin/python -m pip install --quiet 'lm-eval[api]>=0.4.9,<0.5' 'transformers>=5.0'
+	touch $@
+
 # The Prometheus Operator's PrometheusRule (deploy/k8s/components/monitoring) from the one rule file compose loads.
 prometheus-rule:
 	$(PY) deploy/scripts/prometheus_rule.py
@@ -82,7 +94,7 @@ compose-check: $(STAMP)
 protos: $(STAMP)
 	$(PY) tools/gen_protos.py
 
-test: model redis-server deploy-tools check-commits
+test: model redis-server deploy-tools lm-eval-tools check-commits
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -190,4 +202,4 @@ gpu-check:
 	$(PYTHON) -m pagedserve.benchmarks.device
 
 clean:
-	rm -rf $(VENV) models bench-results
+	rm -rf $(VENV) $(LM_EVAL_VENV) models bench-results

@@ -24,6 +24,8 @@ class Completion:
     finish_reason: FinishReason | None = None
     num_cached_tokens: int = 0
     text: str = ""
+    # with SamplingParams.prompt_logprobs: one per prompt token after the first (token_id: the prompt's token)
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 def chat_token_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
@@ -61,6 +63,8 @@ class LLM:
                 completion = completions[out.req_id]
                 completion.token_ids.extend(out.new_token_ids)
                 completion.logprobs.extend(out.new_logprobs)
+                if out.prompt_logprobs is not None:
+                    completion.prompt_logprobs = out.prompt_logprobs
                 completion.num_cached_tokens = out.num_cached_tokens
                 completion.finish_reason = out.finish_reason
         for completion in completions.values():

@@ -49,6 +49,8 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     num_output_tokens: int
     error: FailedRequest | None = None  # set when the request failed (finish reason ERROR): the stream gets an error
+    # with SamplingParams.prompt_logprobs, in the output of its first token: one per prompt token after the first
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

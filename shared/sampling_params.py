@@ -12,6 +12,7 @@ from pagedserve.shared.structured_output import StructuredOutput
 INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_LOGPROBS = 20  # top alternatives per token, for `logprobs` and `prompt_logprobs` alike (OpenAI's bound)
 
 
 class SamplingParamsError(ValueError):
@@ -36,6 +37,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: no logprobs; N >= 0: sampled token plus top-N
+    # None: none; N >= 0: each prompt token after the first gets its logprob plus the top-N at its position
+    # (the whole prompt is computed: such a request never reads the prefix cache)
+    prompt_logprobs: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # EOS never ends the answer: the worker bans it, so answers run to max_tokens
     structured_output: StructuredOutput | None = None  # the grammar every output token must follow
@@ -73,8 +77,10 @@ class SamplingParams:
              f"repetition_penalty must be positive and finite, got {self.repetition_penalty}"),
             (self.seed is None or INT64_MIN <= self.seed <= INT64_MAX, "seed",
              f"seed must be a 64-bit signed integer (between {INT64_MIN} and {INT64_MAX}), got {self.seed}"),
-            (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-             f"logprobs must be between 0 and 20, got {self.logprobs}"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs",
+             f"logprobs must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+             f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}"),
         ]
         for ok, param, message in checks:
             if not ok:

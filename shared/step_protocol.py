@@ -87,6 +87,9 @@ class StepOutput:
     incarnation_id: str = ""  # the worker's; another than the step's means it restarted and applied nothing
     failed: list[FailedRequest] = field(default_factory=list)  # dropped requests, none of them in req_ids
     num_accepted_drafts: dict[str, int] = field(default_factory=dict)  # req_id -> its drafts accepted, if it had any
+    # req_id -> its prompt logprobs (SamplingParams.prompt_logprobs), one per prompt token after the first, in the
+    # step that samples its first token after computing the whole prompt; token_id is the prompt's own token
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

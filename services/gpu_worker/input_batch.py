@@ -4,7 +4,9 @@ Region map of the flattened batch (decodes first, then prefill chunks):
     rows  [0, num_decodes)                   one token each, the request's newest position
     rows  [num_decodes, T)                   chunk i covers positions [computed_i, computed_i + scheduled_i)
 A request with draft tokens (speculative decoding) is a chunk over its last known token and its drafts; it keeps
-the logits of all those rows (each verifies the next draft), the others only of their last row.
+the logits of all those rows (each verifies the next draft), the others only of their last row. A request asking
+for prompt logprobs also keeps the rows of its chunk that predict a prompt token (prompt_logprobs.py): the forward
+keeps the union, and `sample_positions` picks the sampling rows out of it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.prompt_logprobs import PromptRows, plan_prompt_rows
 from pagedserve.services.gpu_worker.request_state import RequestState
 from pagedserve.services.gpu_worker.step_rows import KeptRows, StepRows
 
@@ -26,9 +29,15 @@ class ModelInput:
     requests: list[RequestState]  # batch order
     num_scheduled: list[int]  # parallel to requests
     sample_indices: list[int]  # indices into `requests` of those that sample a token this step
-    logits_rows: KeptRows  # the row of each sampling request's last token (and of its drafts' rows before it)
+    logits_rows: KeptRows  # the rows the forward keeps: the sampling rows, and the prompt rows when any
     feed_rows: list[int]  # rows whose token is on the device only (RequestState.pending) ...
     feed_sources: list[int]  # ... and its row in the sampled ids of the step that made it
+    prompt: PromptRows | None = None  # the rows whose logits give prompt logprobs; None: no such row
+    # with prompt rows: where the sampling rows (in order) and the prompt rows sit in the kept rows, and the
+    # StepRows of the sampling rows alone
+    sample_positions: torch.Tensor | None = None
+    prompt_positions: torch.Tensor | None = None
+    sample_rows: StepRows | None = None
 
     @property
     def has_drafts(self) -> bool:
@@ -75,6 +84,9 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
     sample_indices = [i for i, (r, s, n) in enumerate(zip(requests, starts, num_scheduled, strict=True))
                       if s + n == r.num_tokens + len(r.draft_token_ids)]
     num_decodes = sum(1 for n in num_scheduled if n == 1)
+    prompt = None
+    if any(r.sampling.prompt_logprobs is not None for r in requests):
+        prompt = plan_prompt_rows(requests, starts, num_scheduled, query_start_loc[:-1].tolist(), num_decodes)
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         query_start_loc=query_start_loc.to(device=device, dtype=torch.int32),
@@ -86,17 +98,37 @@ def build_model_input(requests: list[RequestState], num_scheduled: list[int], bl
         query_start_loc_cpu=query_start_loc.tolist(),
         seq_lens_cpu=seq_lens.tolist(),
     )
-    return ModelInput(
+    logits_rows = _logits_rows(requests, sample_indices, query_start_loc, num_decodes, device)
+    model_input = ModelInput(
         token_ids=torch.tensor(token_ids, dtype=torch.long, device=device),
         positions=positions.to(device),
         meta=meta,
         requests=requests,
         num_scheduled=num_scheduled,
         sample_indices=sample_indices,
-        logits_rows=_logits_rows(requests, sample_indices, query_start_loc, num_decodes, device),
+        logits_rows=logits_rows,
         feed_rows=feed_rows,
         feed_sources=feed_sources,
     )
+    if prompt is not None:
+        _keep_prompt_rows(model_input, prompt, num_decodes, device)
+    return model_input
+
+
+def _keep_prompt_rows(model_input: ModelInput, prompt: PromptRows, num_decodes: int, device: torch.device) -> None:
+    """Keep the prompt rows beside the sampling rows (the two sets never share a row: a sampling row is at a
+    position >= the prompt's last, prompt rows before it), in increasing row order."""
+    sampling = model_input.logits_rows
+    sample_rows = sampling.indices.cpu()
+    rows = torch.cat([sample_rows, torch.tensor(prompt.rows, dtype=torch.long)])
+    kept, order = rows.sort()
+    position_of = torch.empty_like(order)
+    position_of[order] = torch.arange(len(order))
+    model_input.logits_rows = KeptRows(kept.to(device), StepRows(len(kept), int((kept < num_decodes).sum())))
+    model_input.sample_positions = position_of[: len(sample_rows)].to(device)
+    model_input.prompt_positions = position_of[len(sample_rows):].to(device)
+    model_input.sample_rows = sampling.rows
+    model_input.prompt = prompt
 
 
 def _logits_rows(requests: list[RequestState], sample_indices: list[int], query_start_loc: torch.Tensor,

@@ -30,6 +30,7 @@ from pagedserve.services.gpu_worker.parallel.sharded_loader import load_sharded_
 from pagedserve.services.gpu_worker.pending_output import PendingOutput
 from pagedserve.services.gpu_worker.platforms import platform_for
 from pagedserve.services.gpu_worker.platforms.platform import Platform
+from pagedserve.services.gpu_worker.prompt_logprobs import gather_prompt_logprobs
 from pagedserve.services.gpu_worker.quantized.scheme import read_scheme
 from pagedserve.services.gpu_worker.request_state import RequestState
 from pagedserve.services.gpu_worker.sampler import sample
@@ -144,6 +145,7 @@ class ModelRunner:
             sample_ns = time.perf_counter_ns() - sample_start_ns
         for request, n in zip(requests, num_scheduled, strict=True):
             request.num_computed_tokens += n
+        _attach_prompt_logprobs(sampling, pending.output)
         pending.output.forward_time_ns, pending.output.sample_time_ns = time.perf_counter_ns() - start_ns, sample_ns
         return pending
 
@@ -159,9 +161,13 @@ class ModelRunner:
             rows = torch.tensor(batch.feed_rows, device=self.device)
             batch.token_ids.index_copy_(0, rows, fed_from[torch.tensor(batch.feed_sources, device=self.device)])
         hidden = self.forward(batch.token_ids, batch.positions, self.kv_cache.layers, batch.meta, batch.logits_rows)
+        sample_rows = batch.logits_rows.rows
+        if batch.prompt is not None:  # prompt rows kept beside the sampling rows: take them out first
+            gather_prompt_logprobs(hidden[batch.prompt_positions], batch.prompt, self.model.compute_logits)
+            hidden, sample_rows = hidden[batch.sample_positions], batch.sample_rows
         if not batch.sample_indices:
             return None, []
-        return (self.model.compute_logits(hidden, batch.logits_rows.rows),
+        return (self.model.compute_logits(hidden, sample_rows),
                 [batch.requests[i] for i in batch.sample_indices])
 
     def _sample_deferred(self, requests: list[RequestState], logits: torch.Tensor) -> PendingOutput | None:
@@ -236,8 +242,19 @@ class ModelRunner:
                                   self.device)
 
 
+def _attach_prompt_logprobs(sampling: list[RequestState], output: StepOutput) -> None:
+    """Send the prompt logprobs of the requests that sampled after computing their whole prompt (once each)."""
+    for request in sampling:
+        if request.sampling.prompt_logprobs is None or request.prompt_logprobs_sent or request.dropped:
+            continue
+        if request.num_computed_tokens >= request.num_prompt_tokens:
+            output.prompt_logprobs[request.req_id] = request.prompt_logprobs
+            request.prompt_logprobs, request.prompt_logprobs_sent = [], True
+
+
 def _plain(request: RequestState) -> bool:
     """Its sampling reads nothing from the host mirror's outputs (so it may run before they are back)."""
     p = request.sampling
     return (request.grammar is None and not request.draft_token_ids and not p.has_penalties and p.logprobs is None
+            and p.prompt_logprobs is None
             and (p.seed is None or p.greedy) and len(request.output_token_ids) >= p.min_tokens)

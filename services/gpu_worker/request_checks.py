@@ -36,6 +36,10 @@ def check_new_request(new: NewRequest, limits: WorkerLimits) -> FailedRequest | 
         return FailedRequest(new.req_id, f"inconsistent request: {new.num_computed_tokens} computed and "
                                          f"{new.num_prompt_tokens} prompt tokens of {len(new.token_ids)}",
                              invalid_argument=False)
+    if new.sampling.prompt_logprobs is not None and new.num_computed_tokens:
+        return FailedRequest(new.req_id, f"prompt logprobs need every prompt position computed here, but "
+                                         f"{new.num_computed_tokens} tokens came from the prefix cache",
+                             invalid_argument=False)
     return check_block_ids(new.req_id, new.block_ids, limits)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 if TYPE_CHECKING:
     from pagedserve.services.gpu_worker.grammar import RequestGrammar
@@ -28,6 +29,10 @@ class RequestState:
     dropped: bool = False  # failed in the worker: outputs of steps still in flight for it are not reported
     # this step's draft tokens (speculative decoding): computed after token_ids, verified, then cleared
     draft_token_ids: list[int] = field(default_factory=list)
+    # with sampling.prompt_logprobs: the entries of the prompt chunks computed so far (prompt_logprobs.py), sent
+    # with the first token sampled after the whole prompt (then prompt_logprobs_sent)
+    prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
     @property
     def num_tokens(self) -> int:

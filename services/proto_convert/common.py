@@ -9,7 +9,8 @@ from pagedserve.shared.structured_output import StructuredOutput, StructuredOutp
 
 # Scalars copied one to one; an unset proto field falls back to the dataclass default.
 _SAMPLING_SCALARS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-                     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos")
+                     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs", "ignore_eos",
+                     "prompt_logprobs")
 
 
 _KIND_TO_PB = {kind: common_pb2.StructuredOutputKind.Value(f"STRUCTURED_OUTPUT_KIND_{kind.name}")

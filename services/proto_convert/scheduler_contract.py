@@ -38,10 +38,12 @@ def generate_request_from_pb(pb: scheduler_pb2.GenerateRequest) -> GenerateReque
 
 def output_to_chunk(output: RequestOutput) -> scheduler_pb2.GenerateChunk:
     logprobs = [logprobs_to_pb(lp) for lp in output.new_logprobs if lp is not None]
+    prompt = output.prompt_logprobs
     return scheduler_pb2.GenerateChunk(
         token_ids=output.new_token_ids, logprobs=logprobs if len(logprobs) == len(output.new_token_ids) else [],
         finish_reason=_REASON_TO_PB[output.finish_reason], num_prompt_tokens=output.num_prompt_tokens,
-        num_cached_tokens=output.num_cached_tokens, num_output_tokens=output.num_output_tokens)
+        num_cached_tokens=output.num_cached_tokens, num_output_tokens=output.num_output_tokens,
+        prompt_logprobs=[logprobs_to_pb(lp) for lp in prompt or []], has_prompt_logprobs=prompt is not None)
 
 
 def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> RequestOutput:
@@ -52,7 +54,9 @@ def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> Reques
     return RequestOutput(req_id=req_id, new_token_ids=token_ids, new_logprobs=logprobs,
                          finish_reason=_REASON_FROM_PB[chunk.finish_reason],
                          num_prompt_tokens=chunk.num_prompt_tokens, num_cached_tokens=chunk.num_cached_tokens,
-                         num_output_tokens=chunk.num_output_tokens)
+                         num_output_tokens=chunk.num_output_tokens,
+                         prompt_logprobs=[logprobs_from_pb(lp) for lp in chunk.prompt_logprobs]
+                         if chunk.has_prompt_logprobs else None)
 
 
 def stats_to_pb(stats: SchedulerStats) -> scheduler_pb2.SchedulerStats:

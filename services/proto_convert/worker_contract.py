@@ -61,7 +61,10 @@ def step_output_to_pb(output: StepOutput) -> worker_pb2.StepReply:
                                 sample_time_ns=output.sample_time_ns, idle_time_ns=output.idle_time_ns,
                                 incarnation_id=output.incarnation_id, failed=failed,
                                 accepted_drafts=[worker_pb2.AcceptedDrafts(req_id=req_id, num_accepted=n)
-                                                 for req_id, n in output.num_accepted_drafts.items()])
+                                                 for req_id, n in output.num_accepted_drafts.items()],
+                                prompt_logprobs=[worker_pb2.PromptLogprobs(
+                                    req_id=req_id, logprobs=[logprobs_to_pb(lp) for lp in lps])
+                                    for req_id, lps in output.prompt_logprobs.items()])
 
 
 def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
@@ -72,4 +75,5 @@ def step_output_from_pb(pb: worker_pb2.StepReply) -> StepOutput:
         forward_time_ns=pb.forward_time_ns, sample_time_ns=pb.sample_time_ns, idle_time_ns=pb.idle_time_ns,
         incarnation_id=pb.incarnation_id,
         failed=[FailedRequest(f.req_id, f.message, f.invalid_argument) for f in pb.failed],
-        num_accepted_drafts={a.req_id: a.num_accepted for a in pb.accepted_drafts})
+        num_accepted_drafts={a.req_id: a.num_accepted for a in pb.accepted_drafts},
+        prompt_logprobs={p.req_id: [logprobs_from_pb(lp) for lp in p.logprobs] for p in pb.prompt_logprobs})

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagedserve/v1/common.proto\x12\rpagedserve.v1\"\xd1\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x01H\t\x88\x01\x01\x12@\n\nlogit_bias\x18\x0b \x03(\x0b\x32,.pagedserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\r \x03(\x05\x12\x17\n\nignore_eos\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12?\n\x11structured_output\x18\x0f \x01(\x0b\x32\x1f.pagedserve.v1.StructuredOutputH\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\r\n\x0b_ignore_eosB\x14\n\x12_structured_output\"k\n\x10StructuredOutput\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.pagedserve.v1.StructuredOutputKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x16\n\x0e\x61ny_whitespace\x18\x03 \x01(\x08\"m\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\x93\x02\n\x10ModelDescription\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x16\n\x0ekv_cache_bytes\x18\x0b \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x0c \x01(\t\"\x11\n\x0f\x44\x65scribeRequest*\xa0\x02\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x02\x12 \n\x1cSTRUCTURED_OUTPUT_KIND_REGEX\x10\x03\x12\"\n\x1eSTRUCTURED_OUTPUT_KIND_GRAMMAR\x10\x04\x12\x1f\n\x1bSTRUCTURED_OUTPUT_KIND_LARK\x10\x05\x12)\n%STRUCTURED_OUTPUT_KIND_STRUCTURAL_TAG\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagedserve/v1/common.proto\x12\rpagedserve.v1\"\x83\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x17\n\nmin_tokens\x18\x02 \x01(\rH\x01\x88\x01\x01\x12\x18\n\x0btemperature\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_p\x18\x04 \x01(\x01H\x03\x88\x01\x01\x12\x12\n\x05top_k\x18\x05 \x01(\x05H\x04\x88\x01\x01\x12\x12\n\x05min_p\x18\x06 \x01(\x01H\x05\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x01H\t\x88\x01\x01\x12@\n\nlogit_bias\x18\x0b \x03(\x0b\x32,.pagedserve.v1.SamplingParams.LogitBiasEntry\x12\x15\n\x08logprobs\x18\x0c \x01(\rH\n\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\r \x03(\x05\x12\x17\n\nignore_eos\x18\x0e \x01(\x08H\x0b\x88\x01\x01\x12?\n\x11structured_output\x18\x0f \x01(\x0b\x32\x1f.pagedserve.v1.StructuredOutputH\x0c\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\rH\r\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\r\n\x0b_min_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\r\n\x0b_ignore_eosB\x14\n\x12_structured_outputB\x12\n\x10_prompt_logprobs\"k\n\x10StructuredOutput\x12\x31\n\x04kind\x18\x01 \x01(\x0e\x32#.pagedserve.v1.StructuredOutputKind\x12\x0c\n\x04spec\x18\x02 \x01(\t\x12\x16\n\x0e\x61ny_whitespace\x18\x03 \x01(\x08\"m\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x15\n\rtop_token_ids\x18\x04 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x05 \x03(\x02\"\x93\x02\n\x10ModelDescription\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x15\n\rmax_model_len\x18\x03 \x01(\r\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x15\n\reos_token_ids\x18\x07 \x03(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x19\n\x11\x61ttention_backend\x18\n \x01(\t\x12\x16\n\x0ekv_cache_bytes\x18\x0b \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x0c \x01(\t\"\x11\n\x0f\x44\x65scribeRequest*\xa0\x02\n\x14StructuredOutputKind\x12&\n\"STRUCTURED_OUTPUT_KIND_UNSPECIFIED\x10\x00\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_SCHEMA\x10\x01\x12&\n\"STRUCTURED_OUTPUT_KIND_JSON_OBJECT\x10\x02\x12 \n\x1cSTRUCTURED_OUTPUT_KIND_REGEX\x10\x03\x12\"\n\x1eSTRUCTURED_OUTPUT_KIND_GRAMMAR\x10\x04\x12\x1f\n\x1bSTRUCTURED_OUTPUT_KIND_LARK\x10\x05\x12)\n%STRUCTURED_OUTPUT_KIND_STRUCTURAL_TAG\x10\x06\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,18 +33,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=1287
-  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=1575
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_start=1337
+  _globals['_STRUCTUREDOUTPUTKIND']._serialized_end=1625
   _globals['_SAMPLINGPARAMS']._serialized_start=46
-  _globals['_SAMPLINGPARAMS']._serialized_end=767
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=518
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=566
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=769
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=876
-  _globals['_TOKENLOGPROBS']._serialized_start=878
-  _globals['_TOKENLOGPROBS']._serialized_end=987
-  _globals['_MODELDESCRIPTION']._serialized_start=990
-  _globals['_MODELDESCRIPTION']._serialized_end=1265
-  _globals['_DESCRIBEREQUEST']._serialized_start=1267
-  _globals['_DESCRIBEREQUEST']._serialized_end=1284
+  _globals['_SAMPLINGPARAMS']._serialized_end=817
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=548
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=596
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=819
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=926
+  _globals['_TOKENLOGPROBS']._serialized_start=928
+  _globals['_TOKENLOGPROBS']._serialized_end=1037
+  _globals['_MODELDESCRIPTION']._serialized_start=1040
+  _globals['_MODELDESCRIPTION']._serialized_end=1315
+  _globals['_DESCRIBEREQUEST']._serialized_start=1317
+  _globals['_DESCRIBEREQUEST']._serialized_end=1334
 # @@protoc_insertion_point(module_scope)

@@ -85,6 +85,14 @@ class AcceptedDrafts(_message.Message):
     num_accepted: int
     def __init__(self, req_id: _Optional[str] = ..., num_accepted: _Optional[int] = ...) -> None: ...
 
+class PromptLogprobs(_message.Message):
+    __slots__ = ("req_id", "logprobs")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    def __init__(self, req_id: _Optional[str] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
+
 class SampledToken(_message.Message):
     __slots__ = ("req_id", "token_id", "logprobs")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -106,7 +114,7 @@ class FailedRequest(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., message: _Optional[str] = ..., invalid_argument: _Optional[bool] = ...) -> None: ...
 
 class StepReply(_message.Message):
-    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns", "incarnation_id", "failed", "accepted_drafts")
+    __slots__ = ("sampled", "forward_time_ns", "sample_time_ns", "idle_time_ns", "incarnation_id", "failed", "accepted_drafts", "prompt_logprobs")
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     FORWARD_TIME_NS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_TIME_NS_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +122,7 @@ class StepReply(_message.Message):
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledToken]
     forward_time_ns: int
     sample_time_ns: int
@@ -121,4 +130,5 @@ class StepReply(_message.Message):
     incarnation_id: str
     failed: _containers.RepeatedCompositeFieldContainer[FailedRequest]
     accepted_drafts: _containers.RepeatedCompositeFieldContainer[AcceptedDrafts]
-    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[FailedRequest, _Mapping]]] = ..., accepted_drafts: _Optional[_Iterable[_Union[AcceptedDrafts, _Mapping]]] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
+    def __init__(self, sampled: _Optional[_Iterable[_Union[SampledToken, _Mapping]]] = ..., forward_time_ns: _Optional[int] = ..., sample_time_ns: _Optional[int] = ..., idle_time_ns: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., failed: _Optional[_Iterable[_Union[FailedRequest, _Mapping]]] = ..., accepted_drafts: _Optional[_Iterable[_Union[AcceptedDrafts, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...

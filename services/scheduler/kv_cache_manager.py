@@ -41,10 +41,14 @@ class KVCacheManager:
         return [b.block_id for b in self.blocks_of.get(req_id, [])]
 
     def find_prefix(self, request: Request) -> PrefixHit:
-        """Longest run of cached full blocks; at least one token is always left to compute (for logits)."""
+        """Longest run of cached full blocks; at least one token is always left to compute (for logits). None for
+        a request asking for prompt logprobs: every prompt position's logits must be computed (its own blocks are
+        still indexed once computed)."""
         if not self.enable_prefix_caching:
             return PrefixHit([])
         extend_block_keys(request.block_hashes, request.token_ids, self.block_size, request.cache_salt)
+        if request.sampling.prompt_logprobs is not None:
+            return PrefixHit([])
         hit: list[Block] = []
         for key in request.block_hashes[:self._max_hit_blocks(request)]:
             block = self.pool.lookup(key)
@@ -59,7 +63,8 @@ class KVCacheManager:
     def prefix_in_flight(self, request: Request, prefix: PrefixHit) -> bool:
         """Whether the first block the request could still hit, past `prefix`, is being computed by a running one."""
         index = len(prefix.blocks)
-        if not self.enable_prefix_caching or index >= self._max_hit_blocks(request):
+        if (not self.enable_prefix_caching or index >= self._max_hit_blocks(request)
+                or request.sampling.prompt_logprobs is not None):  # it reads no hit: nothing to wait for
             return False
         return request.block_hashes[index] in self.in_flight
 

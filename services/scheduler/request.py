@@ -41,6 +41,7 @@ class Request:
     priority: int = 0  # lower is more urgent (vLLM's convention): orders the queue, picks preemption victims
     tenant: str = ""  # whose request it is: the queue shares steps between tenants by their recent service
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to other tenants (> 0)
+    prompt_logprobs_reported: bool = False  # sampling.prompt_logprobs went out (a recomputation's copy is dropped)
 
     @classmethod
     def from_generate(cls, request: GenerateRequest) -> Request:

@@ -357,8 +357,19 @@ class Scheduler:
             if reason is not None:
                 self._finish(request, reason)
             emitted.setdefault(req_id, (request, []))[1].append(logprobs)
-        outputs.extend(self._output(request, logprobs) for request, logprobs in emitted.values())
+        outputs.extend(self._with_prompt_logprobs(self._output(request, logprobs), request, output)
+                       for request, logprobs in emitted.values())
         return outputs
+
+    @staticmethod
+    def _with_prompt_logprobs(out: RequestOutput, request: Request, output: StepOutput) -> RequestOutput:
+        """The worker's prompt logprobs go out with the request's first output; a later copy (the prompt computed
+        again after a preemption) is dropped."""
+        prompt_logprobs = output.prompt_logprobs.get(request.req_id)
+        if prompt_logprobs is None or request.prompt_logprobs_reported:
+            return out
+        request.prompt_logprobs_reported = True
+        return replace(out, prompt_logprobs=prompt_logprobs)
 
     def _live(self, scheduled: SchedulerOutput, req_id: str) -> bool:
         """Whether the request the step scheduled under this id is still the live one."""

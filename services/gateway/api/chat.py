@@ -9,7 +9,7 @@ from starlette.requests import Request
 
 from pagedserve.services.gateway.api.client_identity import client_key
 from pagedserve.services.gateway.api.generation import ChoiceDelta
-from pagedserve.services.gateway.api.logprobs_format import chat_logprobs
+from pagedserve.services.gateway.api.logprobs_format import chat_logprobs, vllm_prompt_logprobs
 from pagedserve.services.gateway.api.protocol import ChatCompletionRequest, ChatTemplateFields
 from pagedserve.services.gateway.api.request_fields import check_extra_fields
 from pagedserve.services.gateway.api.request_run import (
@@ -81,8 +81,10 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
     constraint = after_reasoning(_constraint(body, plan), reasoning)
     use_new_name = body.max_completion_tokens is not None
     shape = RequestShape("messages", "max_completion_tokens" if use_new_name else "max_tokens", "top_logprobs")
+    if body.prompt_logprobs is not None and body.stream:
+        raise OpenAIError(400, "prompt_logprobs are returned in non-streamed answers only", param="stream")
     jobs = serving.build_jobs(body, [prompt_ids], req_id, body.max_completion_tokens if use_new_name
-                              else body.max_tokens, _num_logprobs(body), shape)
+                              else body.max_tokens, _num_logprobs(body), shape, prompt_logprobs=body.prompt_logprobs)
     jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     calls = plan if plan is not None and plan.parses_calls else None
     parsing = AnswerParsing(calls, reasoning)
@@ -124,8 +126,12 @@ async def create_chat_completion(body: ChatCompletionRequest, serving: Serving, 
         reasoning_texts.append(thought)
         choices.append({"index": r.index, "message": message, "finish_reason": finish,
                         "logprobs": chat_logprobs(serving.tokenizer, r.logprobs) if body.logprobs else None})
+    # vLLM's place for them in chat: the response's, the prompt being the same for every choice
+    prompt_logprobs = {} if body.prompt_logprobs is None else {"prompt_logprobs": vllm_prompt_logprobs(
+        serving.tokenizer, prompt_ids, results[0].prompt_logprobs or [])}
     return JSONResponse({"id": response_id, "object": "chat.completion", "created": created,
                          "model": model.model_name, "choices": choices,
                          "usage": _with_reasoning_tokens(usage_of(results), serving,
-                                                         reasoning_texts if reasoning else None)},
+                                                         reasoning_texts if reasoning else None),
+                         **prompt_logprobs},
                         headers={"X-Request-Id": req_id, **replica_header(served_by)})

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
 from pagedserve.services.gateway.api.client_identity import client_key
-from pagedserve.services.gateway.api.generation import ChoiceDelta
-from pagedserve.services.gateway.api.logprobs_format import completion_logprobs
+from pagedserve.services.gateway.api.generation import ChoiceDelta, ChoiceResult
+from pagedserve.services.gateway.api.logprobs_format import (
+    completion_logprobs,
+    echo_completion_logprobs,
+    top_n,
+    vllm_prompt_logprobs,
+)
 from pagedserve.services.gateway.api.protocol import CompletionRequest
 from pagedserve.services.gateway.api.request_fields import check_extra_fields
 from pagedserve.services.gateway.api.request_run import (
@@ -24,6 +30,7 @@ from pagedserve.services.gateway.api.sse_template import TextChunkTemplate, text
 from pagedserve.services.gateway.api.usage import usage_of
 from pagedserve.services.gateway.http.errors import OpenAIError
 from pagedserve.services.gateway.structured.structured_outputs import constraint_of
+from pagedserve.services.gateway.text.tokenizer import PromptTokenizer
 
 ENDPOINT = "completions"
 SHAPE = RequestShape("prompt", "max_tokens", "logprobs")
@@ -44,12 +51,37 @@ async def _prompts(body: CompletionRequest, serving: Serving) -> list[list[int]]
 def _check_unsupported(body: CompletionRequest) -> None:
     if body.suffix is not None:
         raise OpenAIError(400, "suffix is not supported", param="suffix")
-    if body.echo and body.logprobs is not None:
-        raise OpenAIError(400, "echo together with logprobs is not supported: the worker returns no prompt "
-                               "logprobs", param="echo")
     if body.max_tokens == 0 and not body.echo:
         raise OpenAIError(400, "max_tokens must be at least 1 (0 only with echo)", param="max_tokens",
                           code="invalid_value")
+
+
+def prompt_logprobs_count(body: CompletionRequest) -> int | None:
+    """The top-N to compute at each prompt position: vLLM's prompt_logprobs, or `logprobs` under echo (the larger
+    when both are asked); None when neither is. Such answers are not streamed."""
+    asked = [n for n in (body.prompt_logprobs, body.logprobs if body.echo else None) if n is not None]
+    if not asked:
+        return None
+    if body.stream:
+        raise OpenAIError(400, "prompt logprobs (prompt_logprobs, or echo with logprobs) are returned in "
+                               "non-streamed answers only", param="stream")
+    return max(asked)
+
+
+def _choice_logprobs(body: CompletionRequest, tokenizer: PromptTokenizer, prompt_ids: list[int],
+                     result: ChoiceResult) -> dict | None:
+    if body.logprobs is None:
+        return None
+    if body.echo:
+        return echo_completion_logprobs(tokenizer, prompt_ids, top_n(result.prompt_logprobs or [], body.logprobs),
+                                        result.logprobs)
+    return completion_logprobs(tokenizer, result.logprobs, 0)
+
+
+def _without_output(result: ChoiceResult) -> ChoiceResult:
+    """max_tokens 0 with prompt logprobs: the engine sampled one token (its step computes the prompt's last
+    position); the answer shows none of it."""
+    return replace(result, text="", logprobs=[], finish_reason="length", num_output_tokens=0)
 
 
 def _echo_only(body: CompletionRequest, model_name: str, prompts: list[list[int]], echoes: list[str],
@@ -72,11 +104,13 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
     model = serving.require_model(body.model)
     check_extra_fields(body)
     _check_unsupported(body)
+    num_prompt_logprobs = prompt_logprobs_count(body)
     prompts = await _prompts(body, serving)
-    if body.max_tokens == 0:
+    if body.max_tokens == 0 and num_prompt_logprobs is None:
         return _echo_only(body, model.model_name, prompts, [serving.tokenizer.decode(p) for p in prompts], req_id)
     constraint = constraint_of(body)
-    jobs = serving.build_jobs(body, prompts, req_id, body.max_tokens, body.logprobs, SHAPE)
+    jobs = serving.build_jobs(body, prompts, req_id, 1 if body.max_tokens == 0 else body.max_tokens,
+                              body.logprobs, SHAPE, prompt_logprobs=num_prompt_logprobs)
     jobs = serving.with_grammar(jobs, await serving.check_constraint(constraint, client_key(request)))
     echoes = [serving.tokenizer.decode(p) if body.echo else "" for p in prompts]
     response_id, created = f"cmpl-{req_id}", int(time.time())
@@ -105,9 +139,16 @@ async def create_completion(body: CompletionRequest, serving: Serving, request: 
         return await stream_choices(request, serving, jobs, ENDPOINT, req_id, head, to_chunk, usage_chunk)
     served_by: list[str] = []
     results = await collect_until_disconnect(request, serving, jobs, ENDPOINT, req_id, served_by)
+    if body.max_tokens == 0:
+        results = [_without_output(r) for r in results]
+    sent = {job.index: job.request.prompt_token_ids for job in jobs}  # after truncate_prompt_tokens
     choices = [{"index": r.index, "text": echoes[r.prompt_index] + r.text,
-                "logprobs": completion_logprobs(serving.tokenizer, r.logprobs, 0) if body.logprobs is not None
-                else None, "finish_reason": r.finish_reason} for r in results]
+                "logprobs": _choice_logprobs(body, serving.tokenizer, sent[r.index], r),
+                "finish_reason": r.finish_reason} for r in results]
+    if body.prompt_logprobs is not None:
+        for choice, r in zip(choices, results, strict=True):
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(serving.tokenizer, sent[r.index],
+                                                             top_n(r.prompt_logprobs or [], body.prompt_logprobs))
     return JSONResponse({"id": response_id, "object": "text_completion", "created": created,
                          "model": model.model_name, "choices": choices, "usage": usage_of(results)},
                         headers={"X-Request-Id": req_id, **replica_header(served_by)})

@@ -41,6 +41,7 @@ class ChoiceDelta:
     num_prompt_tokens: int
     num_cached_tokens: int
     num_output_tokens: int  # up to the token that ended the choice (a stop string's included)
+    prompt_logprobs: list[TokenLogprobs] | None = None  # on the choice's first delta, when asked
 
 
 @dataclass
@@ -55,8 +56,11 @@ class ChoiceResult:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_output_tokens: int = 0
+    prompt_logprobs: list[TokenLogprobs] | None = None  # one per prompt token after the first, when asked
 
     def add(self, delta: ChoiceDelta) -> None:
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
         self.text += delta.text
         self.logprobs.extend(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason
@@ -70,16 +74,19 @@ async def stream_choice(router: Router, tokenizer: PromptTokenizer, job: ChoiceJ
     detokenizer = IncrementalDetokenizer(tokenizer, job.request.prompt_token_ids)
     stops = StopStringMatcher(job.stop, job.include_stop)
     pending_logprobs: list[TokenLogprobs] = []
+    prompt_logprobs, prompt_seen = None, False  # the first copy only (a resumed choice's replica sends its own)
     async with contextlib.aclosing(generate_resuming(router, job.request, served_by)) as outputs:
         async for out in outputs:
+            if out.prompt_logprobs is not None and not prompt_seen:
+                prompt_logprobs, prompt_seen = out.prompt_logprobs, True
             pending_logprobs.extend(lp for lp in out.new_logprobs if lp is not None)
             text = detokenizer.add(out.new_token_ids) + (detokenizer.flush() if out.finished else "")
             text = stops.feed(text, final=out.finished)
             finish = "stop" if stops.stopped else (out.finish_reason.value if out.finished else None)
             if text or finish:
                 yield ChoiceDelta(job.index, job.prompt_index, text, pending_logprobs, finish, out.num_prompt_tokens,
-                                  out.num_cached_tokens, out.num_output_tokens)
-                pending_logprobs = []
+                                  out.num_cached_tokens, out.num_output_tokens, prompt_logprobs)
+                pending_logprobs, prompt_logprobs = [], None
             if finish:
                 return
 

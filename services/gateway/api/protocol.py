@@ -127,6 +127,7 @@ class SamplingFields(_Request):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob plus the top N (non-streamed answers)
 
     @field_validator("stop")
     @classmethod

@@ -32,8 +32,6 @@ REFUSED_FIELDS: dict[str, tuple[Callable[[Any, SamplingFields], bool], str]] = {
     "use_beam_search": (_ABSENT, "beam search is not supported"),
     "length_penalty": (lambda value, body: value in (None, 1, 1.0), "length_penalty needs beam search"),
     "prediction": (_ABSENT, "predicted outputs are not supported"),
-    "prompt_logprobs": (_ABSENT, "prompt logprobs are not supported (the worker returns the last position's "
-                                 "logits only)"),
     "skip_special_tokens": (lambda value, body: value in (None, True), "special tokens are always skipped in text"),
     "bad_words": (lambda value, body: not value, "bad_words is not supported; use logit_bias"),
     "allowed_token_ids": (lambda value, body: not value, "allowed_token_ids is not supported; use logit_bias"),

@@ -61,8 +61,10 @@ def check_prompt_fits(num_prompt_tokens: int, limits: ModelLimits, shape: Reques
 
 def build_sampling_params(request: SamplingFields, max_tokens: int | None, logprobs: int | None,
                           num_prompt_tokens: int, choice_index: int, defaults: dict, limits: ModelLimits,
-                          shape: RequestShape, structured_output: StructuredOutput | None = None) -> SamplingParams:
-    """Raises OpenAIError (400) for values out of range or a request that does not fit the context."""
+                          shape: RequestShape, structured_output: StructuredOutput | None = None,
+                          prompt_logprobs: int | None = None) -> SamplingParams:
+    """Raises OpenAIError (400) for values out of range or a request that does not fit the context.
+    `prompt_logprobs`: the top-N of each prompt position to compute (see prompt_logprobs_count)."""
     check_prompt_fits(num_prompt_tokens, limits, shape)
     if max_tokens is None:
         max_tokens = min(defaults.get("max_tokens", limits.max_model_len), limits.max_model_len - num_prompt_tokens)
@@ -76,7 +78,7 @@ def build_sampling_params(request: SamplingFields, max_tokens: int | None, logpr
             logit_bias=_logit_bias(request.logit_bias, limits.vocab_size), logprobs=logprobs,
             stop_token_ids=tuple(dict.fromkeys(  # duplicates dropped: at most vocab_size ids
                 check_token_ids(request.stop_token_ids or [], limits.vocab_size, "stop_token_ids"))),
-            ignore_eos=request.ignore_eos, structured_output=structured_output)
+            ignore_eos=request.ignore_eos, structured_output=structured_output, prompt_logprobs=prompt_logprobs)
     except SamplingParamsError as exc:
         param = {"max_tokens": shape.max_tokens_param, "logprobs": shape.logprobs_param}.get(exc.param, exc.param)
         raise OpenAIError(400, str(exc).replace(exc.param, param, 1), param=param, code="invalid_value") from None

@@ -207,7 +207,8 @@ class Serving:
 
     def build_jobs(self, body: SamplingFields, prompts: list[list[int]], req_id: str, max_tokens: int | None,
                    logprobs: int | None, shape: RequestShape,
-                   structured_output: StructuredOutput | None = None) -> list[ChoiceJob]:
+                   structured_output: StructuredOutput | None = None,
+                   prompt_logprobs: int | None = None) -> list[ChoiceJob]:
         """n scheduler requests per prompt; one req_id when there is one choice, `{req_id}-{i}` otherwise."""
         limit, num_choices = self.config.max_num_choices, len(prompts) * body.n
         if body.n > limit:
@@ -222,7 +223,8 @@ class Serving:
         for prompt_index, prompt_ids in enumerate(self._truncated(prompts, body.truncate_prompt_tokens)):
             for i in range(body.n):
                 params = build_sampling_params(body, max_tokens, logprobs, len(prompt_ids), i,
-                                               self.generation_defaults, self.limits, shape, structured_output)
+                                               self.generation_defaults, self.limits, shape, structured_output,
+                                               prompt_logprobs)
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
                 request = GenerateRequest(choice_id, prompt_ids, params, tenant_cache_salt(tenant, body.cache_salt),

@@ -86,7 +86,8 @@ class FakeSchedulerClient:
                 finished = token_id == EOS or n == request.sampling.max_tokens
                 reason = None if not finished else FinishReason.STOP if token_id == EOS else FinishReason.LENGTH
                 yield RequestOutput(request.req_id, [token_id], [self._logprobs(request, token_id)], reason,
-                                    len(request.prompt_token_ids), 0, n)
+                                    len(request.prompt_token_ids), 0, n,
+                                    prompt_logprobs=self.prompt_logprobs(request) if sent == 0 else None)
                 if finished:
                     return
                 await asyncio.sleep(0)
@@ -100,6 +101,15 @@ class FakeSchedulerClient:
         if n is None:
             return None
         return TokenLogprobs(token_id, -0.5, 1, [token_id, 11][:n], [-0.5, -1.5][:n])
+
+    @staticmethod
+    def prompt_logprobs(request: GenerateRequest) -> list[TokenLogprobs] | None:
+        """With sampling.prompt_logprobs: token i + 1 of the prompt gets -(i + 1) / 4, ranked 2nd after token 11."""
+        n = request.sampling.prompt_logprobs
+        if n is None:
+            return None
+        return [TokenLogprobs(t, -(i + 1) / 4, 2, [11, t][:n], [-0.125, -(i + 1) / 4][:n])
+                for i, t in enumerate(request.prompt_token_ids[1:])]
 
     async def check_health(self) -> Health:
         if self.hung:

@@ -166,3 +166,17 @@ def test_integrity_report_round_trip():
     report = IntegrityReport(ok=False, problem="leak", num_blocks=10, num_free_blocks=5, num_cached_blocks=3,
                              num_used_blocks=2, num_live_requests=1, worker_incarnation_id="w-1")
     assert integrity_from_pb(integrity_to_pb(report)) == report
+
+
+def test_prompt_logprobs_round_trip_on_both_contracts():
+    """The sampling field (unset: None), the worker's per-request entries, and the chunk's list, where an empty list
+    (a one-token prompt) stays distinct from none asked."""
+    params = SamplingParams(prompt_logprobs=0)
+    assert sampling_from_pb(sampling_to_pb(params)) == params
+    assert sampling_from_pb(sampling_to_pb(PARAMS)).prompt_logprobs is None
+    output = StepOutput(req_ids=["a"], sampled_token_ids=[3], logprobs=[None],
+                        prompt_logprobs={"a": [LOGPROBS, LOGPROBS], "b": []})
+    assert step_output_from_pb(step_output_to_pb(output)) == output
+    for prompt in ([LOGPROBS], [], None):
+        chunk = RequestOutput("r1", [3], [None], None, 2, 0, 1, prompt_logprobs=prompt)
+        assert output_from_chunk("r1", output_to_chunk(chunk)) == chunk
