@@ -28,8 +28,14 @@ def check_compose_tls(services: dict, configs: dict) -> list[str]:
             continue
         if not server_ca or not client_tls.internal_tls_cert:
             problems.append(f"compose {client} -> {server}: no client certificate required or presented")
-        name = client_tls.internal_tls_server_name or address.rsplit(":", 1)[0]
-        if name != server:
+        # a gateway resolves a scheduler's DNS name and dials each address (replicas): without the override its
+        # TLS checks an IP; the scheduler dials its worker's address as given
+        host = address.rsplit(":", 1)[0]
+        name = client_tls.internal_tls_server_name or (host if client == "scheduler" else None)
+        if name is None:
+            problems.append(f"compose {client}: dials the addresses {host!r} resolves to, so TLS checks an IP: set "
+                            f"--internal-tls-server-name {server}")
+        elif name != server:
             problems.append(f"compose {client}: checks the name {name!r}, but {server}'s certificate names {server!r}")
         problems += _usage(leaves, client, "client") + _usage(leaves, server, "server")
     for name, tls in (("gpu-worker", worker.tls), ("scheduler", scheduler.tls), ("gateway", gateway.tls)):

@@ -65,6 +65,11 @@ COMPOSE_MUTATIONS = [
     Mutation("compose certificate volume mounted writable", COMPOSE_MTLS,
              "internal-tls-gpu-worker:/etc/pagedserve/tls:ro", "internal-tls-gpu-worker:/etc/pagedserve/tls",
              "read_only False"),
+    Mutation("compose gateway checks the IPs it dials", COMPOSE_MTLS,
+             "      PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: scheduler\n", "", "so TLS checks an IP"),
+    Mutation("compose gateway checks a name the scheduler certificate lacks", COMPOSE_MTLS,
+             "PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: scheduler", "PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: engine",
+             "checks the name 'engine'"),
     Mutation("compose worker starts before its certificate exists", COMPOSE_MTLS, "    depends_on: *after-certs\n",
              "", "compose gpu-worker: does not wait for internal-certs"),
 ]
