@@ -4,6 +4,8 @@
   pagedserve:{instance}:stats              hash    load: num_running, num_waiting, kv_usage, ...
   pagedserve:{instance}:prefix_blocks      set     hex keys of the full blocks the instance's cache holds
   pagedserve:{instance}:prefix_events      stream  the changes to prefix_blocks, in order (see PrefixEvent)
+  pagedserve:{instance}:unique_scratch     set     written and deleted in one MULTI/EXEC by the instance's own
+                                                   overlap count (services/scheduler/cluster): never seen by others
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ def prefix_blocks_key(instance_id: str) -> str:
 
 def prefix_events_key(instance_id: str) -> str:
     return key_prefix(instance_id) + "prefix_events"
+
+
+def unique_scratch_key(instance_id: str) -> str:
+    return key_prefix(instance_id) + "unique_scratch"
+
+
+PREFIX_BLOCKS_PATTERN = prefix_blocks_key("*")  # SCAN MATCH pattern of every instance's prefix_blocks
+
+
+def instance_of_prefix_blocks_key(key: str) -> str:
+    """The instance id in a prefix_blocks key (the inverse of prefix_blocks_key)."""
+    return key.removeprefix("pagedserve:").removesuffix(":prefix_blocks")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, disable_created_metrics, generate_latest
 
 from pagedserve.services.scheduler.spec_decode.metrics import SpecDecodeCollector, SpecSource
 from pagedserve.services.scheduler.stats_collector import StatsCollector
+from pagedserve.shared.block_overlap import Overlap
 from pagedserve.shared.scheduler_stats import SchedulerStats
 
 # Seconds: from a few ms (a decode step) to minutes (a long queue); close to vLLM's buckets.
@@ -64,6 +65,23 @@ class SchedulerMetrics:
         self.iteration_tokens = histogram(
             "pagedserve_iteration_tokens", "tokens computed in one engine step (prefill chunks and decodes)",
             TOKEN_BUCKETS)
+
+        # set by the pod deletion cost updater (services/scheduler/cluster), absent while it is off
+        self.duplicated_blocks_ratio = Gauge(
+            "pagedserve_replica_duplicated_blocks_ratio", "share of this replica's cached KV blocks that another "
+            "replica also holds (1: removing it loses no cached prefix); the scale-down victim signal",
+            ["model_name"], registry=self.registry)
+        self.unique_blocks = Gauge(
+            "pagedserve_replica_unique_blocks", "cached KV blocks of this replica that no other replica holds",
+            ["model_name"], registry=self.registry)
+        self.pod_deletion_cost = Gauge(
+            "pagedserve_pod_deletion_cost", "the controller.kubernetes.io/pod-deletion-cost this replica asks for "
+            "(lowest: removed first on scale-down)", ["model_name"], registry=self.registry)
+
+    def set_overlap(self, model_name: str, overlap: Overlap, cost: int) -> None:
+        self.duplicated_blocks_ratio.labels(model_name).set(overlap.duplicated_ratio)
+        self.unique_blocks.labels(model_name).set(overlap.unique)
+        self.pod_deletion_cost.labels(model_name).set(cost)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

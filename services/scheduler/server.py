@@ -22,6 +22,7 @@ from pagedserve.services.internal_tls import server_credentials
 from pagedserve.services.ports import GRPC_SERVER_OPTIONS, PortInUseError, bind_grpc_port, port_is_free
 from pagedserve.services.proto_gen import scheduler_pb2_grpc
 from pagedserve.services.scheduler.admission import AdmissionControl
+from pagedserve.services.scheduler.cluster.cost_updater import DeletionCostUpdater, pod_patcher
 from pagedserve.services.scheduler.drain import drain
 from pagedserve.services.scheduler.engine_loop import EngineLoop
 from pagedserve.services.scheduler.metrics import SchedulerMetrics
@@ -34,6 +35,7 @@ from pagedserve.services.scheduler.service import SchedulerServicer
 from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
 from pagedserve.services.scheduler.worker_client import WorkerClient
 from pagedserve.services.scheduler.worker_monitor import WorkerMonitor
+from pagedserve.shared.redis_client import bounded_client
 from pagedserve.shared.redis_url import masked_url
 from pagedserve.shared.scheduler_stats import redis_fields
 
@@ -73,6 +75,9 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
         tasks.append(asyncio.create_task(writer.run(), name="redis-writer"))
         log.info("Redis state copy at %s under pagedserve:%s:*", masked_url(config.state.redis_url),
                  servicer.instance_id)
+    if config.scale_down.pod_deletion_cost:
+        tasks.append(asyncio.create_task(_update_deletion_cost(config, servicer.instance_id, metrics,
+                                                               description.model_name), name="pod-deletion-cost"))
     servicer.engine = engine
     readiness.set(NotReady.STARTING, False)
     policy = config.scheduler
@@ -81,6 +86,20 @@ async def _start_engine(config: SchedulerServiceConfig, servicer: SchedulerServi
              description.num_kv_blocks, description.block_size, description.max_model_len,
              description.incarnation_id, policy.max_num_seqs, policy.max_num_batched_tokens,
              _on_off(policy.enable_prefix_caching), _on_off(policy.enable_chunked_prefill))
+
+
+async def _update_deletion_cost(config: SchedulerServiceConfig, instance_id: str, metrics: SchedulerMetrics,
+                                model_name: str) -> None:
+    """This pod's deletion cost kept current (services/scheduler/cluster), with its own Redis connection."""
+    client = bounded_client(config.state.redis_url, config.state.redis_timeout_s)
+    updater = DeletionCostUpdater(config.scale_down, instance_id, client, lambda: pod_patcher(config.scale_down,
+                                  instance_id), lambda overlap, cost: metrics.set_overlap(model_name, overlap, cost))
+    log.info("pod deletion cost: updated every %.0f s through %s", config.scale_down.pod_deletion_cost_interval_s,
+             config.scale_down.kubernetes_api_url)
+    try:
+        await updater.run()
+    finally:
+        await client.aclose()
 
 
 def _on_off(enabled: bool) -> str:
@@ -113,7 +132,7 @@ def _spec_source(servicer: SchedulerServicer):
 
 
 def instance_id_of(config: SchedulerServiceConfig) -> str:
-    """--instance-id, else hostname-port (unique per host; a StatefulSet pod's hostname is stable)."""
+    """--instance-id, else hostname-port (unique per host; a Kubernetes pod's hostname is its name)."""
     return config.instance_id or f"{socket.gethostname()}-{config.scheduler_port}"
 
 

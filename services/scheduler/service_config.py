@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from pagedserve.services.internal_tls import InternalTLSConfig
 from pagedserve.services.scheduler.admission import AdmissionConfig
+from pagedserve.services.scheduler.cluster.config import PodDeletionCostConfig
 from pagedserve.services.scheduler.redis_state import RedisStateConfig
 from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
 from pagedserve.shared.cli_config import check_choices
@@ -20,6 +21,7 @@ class SchedulerServiceConfig:
     state: RedisStateConfig
     admission: AdmissionConfig
     tls: InternalTLSConfig = field(default_factory=InternalTLSConfig)  # services/internal_tls.py
+    scale_down: PodDeletionCostConfig = field(default_factory=PodDeletionCostConfig)  # services/scheduler/cluster
     scheduler_host: str = "127.0.0.1"  # interface the scheduler's gRPC server binds
     scheduler_port: int = 50051  # the scheduler's gRPC port (the gateway's --scheduler-address points here)
     # a plaintext port serving gRPC health alone (kubelet probes cannot speak TLS); 0: none. Health is always on the
@@ -60,5 +62,7 @@ class SchedulerServiceConfig:
         check_not_placeholder("--internal-token", self.internal_token)
         if self.worker_tls and not self.tls.dials_tls:
             raise ValueError("--worker-tls needs --internal-tls-ca (the CA that signed the worker's certificate)")
+        if self.scale_down.pod_deletion_cost and not self.state.redis_url:
+            raise ValueError("--pod-deletion-cost needs --redis-url (the replicas' prefix indexes are compared there)")
         if self.drain_handoff_margin_s < 0:
             raise ValueError(f"drain_handoff_margin_s must not be negative, got {self.drain_handoff_margin_s}")

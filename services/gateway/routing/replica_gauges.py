@@ -1,5 +1,5 @@
 """Gauges read at scrape time from the router: each replica's health, open calls, load and indexed prefix blocks,
-how much of its cache the other replicas duplicate (the scale-down victim signal, block_overlap.py; only for
+how much of its cache the other replicas duplicate (the scale-down victim signal, shared/block_overlap.py; only for
 replicas whose index is current), whether the prefix index is current, and the routing policy."""
 
 from __future__ import annotations

@@ -443,7 +443,9 @@ def check_resources(objects: list[dict], overlay: str) -> list[str]:
                 problems += _gpu_problems(where, container, by_kind(objects, "ConfigMap"))
     claims = {**by_kind(objects, "PersistentVolumeClaim"),
               **{f"{o['metadata']['name']}/{c['metadata']['name']}": c for o in by_kind(objects, "StatefulSet").values()
-                 for c in o["spec"].get("volumeClaimTemplates", [])}}
+                 for c in o["spec"].get("volumeClaimTemplates", [])},
+              **{f"{pod.name}/{v['name']}": v["ephemeral"]["volumeClaimTemplate"] for pod in pods(objects)
+                 for v in pod.spec.get("volumes", []) if "ephemeral" in v}}
     for name, claim in claims.items():
         size = claim["spec"].get("resources", {}).get("requests", {}).get("storage", "")
         if not _QUANTITY.match(str(size)):

@@ -1,5 +1,6 @@
 """Checks of the optional cluster integrations in rendered overlays: mutual TLS between gateways and schedulers
-(cert-manager Certificates) and the Gateway API Inference Extension (an InferencePool and its endpoint picker).
+(cert-manager Certificates), the Gateway API Inference Extension (an InferencePool and its endpoint picker) and
+engine scale-down (scale_down_checks.py).
 Each returns a list of problems; an overlay without the integration has none to report.
 
 Internal TLS: a scheduler serving TLS is probed (and waited on by its worker's preStop) on a plaintext health
@@ -252,4 +253,6 @@ def _picker_problems(where: str, pool_name: str, picker: Pod, members: list[Pod]
 
 
 def all_problems(objects: list[dict]) -> list[str]:
-    return check_internal_tls(objects) + check_inference_pools(objects)
+    from tests.unit.deploy.scale_down_checks import check_engine_scale_down
+
+    return check_internal_tls(objects) + check_inference_pools(objects) + check_engine_scale_down(objects)

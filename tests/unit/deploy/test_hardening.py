@@ -24,16 +24,21 @@ def test_hardening(rendered, overlay):
     assert hardening.all_problems(rendered[overlay], overlay) == []
 
 
+def _engine(objects: list[dict]) -> dict:
+    (engine,) = [o for o in objects if o["kind"] in ("StatefulSet", "Deployment") and o["metadata"]["name"] == "engine"]
+    return engine
+
+
 def test_engines_are_autoscaled_only_with_a_component(rendered):
+    assert _engine(rendered["gpu"])["kind"] == "StatefulSet"
     assert ("StatefulSet", "engine") not in hardening.scaled_targets(rendered["gpu"])
     for overlay in ("gpu-keda", "gpu-hpa"):
-        assert ("StatefulSet", "engine") in hardening.scaled_targets(rendered[overlay])
-        (engine,) = [o for o in rendered[overlay] if o["kind"] == "StatefulSet"]
-        assert "replicas" not in engine["spec"]
+        assert ("Deployment", "engine") in hardening.scaled_targets(rendered[overlay])
+        assert "replicas" not in _engine(rendered[overlay])["spec"]
 
 
 def test_the_checks_see_a_replica_count_beside_an_autoscaler(rendered):
-    objects = [dict(o, spec={**o["spec"], "replicas": 2}) if o["kind"] == "StatefulSet" else o
+    objects = [dict(o, spec={**o["spec"], "replicas": 2}) if o is _engine(rendered["gpu-keda"]) else o
                for o in rendered["gpu-keda"]]
     assert any("sets replicas although ScaledObject" in p for p in hardening.check_autoscaled_replicas(objects))
 

@@ -7,9 +7,10 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pagedserve.services.gateway.routing.block_overlap import Overlap, OverlapCache, overlaps
+from pagedserve.services.gateway.routing.block_overlap import OverlapCache
 from pagedserve.services.gateway.routing.prefix_mirror import InstanceView, PrefixMirror
 from pagedserve.services.gateway.routing.replica_gauges import ReplicaStateCollector
+from pagedserve.shared.block_overlap import Overlap, overlaps
 
 
 def test_unique_blocks_are_those_no_other_replica_holds():
