@@ -85,7 +85,8 @@ run: model
 	fi
 
 # The compose stack really started (docs/deployment.md): the CPU image built on a debootstrap Debian base, `docker
-# compose up` with local Redis / Prometheus stand-ins, the README's request, `pagedserve bench`, then torn down.
+# compose up` with local Redis / Prometheus stand-ins, the README's request, `pagedserve bench`, then again with
+# deploy/compose.mtls.yml (mutual TLS inside), then torn down. COMPOSE_CHECK_PROJECT names the compose project.
 # Needs root and Debian's docker.io + debootstrap (installed here when missing); exit 3: no daemon could be started.
 compose-check: $(STAMP)
 	bash deploy/compose-check/run.sh $(PY)

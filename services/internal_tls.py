@@ -1,19 +1,21 @@
-"""Optional mutual TLS on the internal gRPC link between gateways and schedulers, beside the shared token.
+"""Optional mutual TLS on the internal gRPC links, beside the shared token: gateways -> schedulers, and with
+`--worker-tls` (on both ends) scheduler -> worker, where the scheduler dials with the same files as a client.
 
 Contract (flags, each also a PAGEDSERVE_* variable; every path a PEM file, e.g. a cert-manager Secret mounted as
 files `tls.crt`, `tls.key`, `ca.crt`):
-- server (scheduler): `--internal-tls-cert` and `--internal-tls-key` turn TLS on for its gRPC port; with
-  `--internal-tls-ca` too, every client must present a certificate chaining to that CA (mutual TLS). The files are
-  read again whenever one of them changes (checked at each new connection), so a renewed certificate takes effect
-  without a restart.
-- client (gateway): `--internal-tls-ca` turns TLS on and verifies the scheduler's certificate against it; with
-  `--internal-tls-cert` and `--internal-tls-key` the client presents its own. `--internal-tls-server-name`
-  overrides the name checked in the scheduler's certificate (default: the host of the address dialled). A client's
-  files are read when it connects to a replica.
+- server (scheduler; worker with `--worker-tls`): `--internal-tls-cert` and `--internal-tls-key` turn TLS on for
+  its gRPC port; with `--internal-tls-ca` too, every client must present a certificate chaining to that CA (mutual
+  TLS). The files are read again whenever one of them changes (checked at each new connection), so a renewed
+  certificate takes effect without a restart.
+- client (gateway; scheduler with `--worker-tls`): `--internal-tls-ca` turns TLS on and verifies the server's
+  certificate against it; with `--internal-tls-cert` and `--internal-tls-key` the client presents its own.
+  `--internal-tls-server-name` overrides the name checked in the server's certificate (default: the host of the
+  address dialled). A client's files are read when it connects.
 All empty (the default): plaintext. A cert without its key (or the reverse) is a configuration error; a file
 that cannot be read fails the service at start, naming the path.
-gRPC health on a TLS port needs TLS too: kubelet probes cannot, so the scheduler's `--health-port` serves health
-alone in plaintext (services/scheduler/server.py).
+gRPC health on a TLS port needs TLS too: kubelet probes cannot, so the scheduler's `--health-port` and the
+worker's `--worker-health-port` serve health alone in plaintext (services/scheduler/server.py,
+services/gpu_worker/server.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,12 @@ Steps (each timed; a failure stops the run with its output and exit code 1, afte
   4. `docker compose -f docker-compose.yml -f deploy/compose.cpu.yml -f deploy/compose-check/compose.local.yml up`
      (Jaeger and Grafana not started: Docker Hub only), the README's request through the gateway, Prometheus
      scraping the scheduler, the image's `pagedserve bench serve` against the gateway and `from pagedserve import LLM`
-  5. `docker compose down -v`
+  5. the same stack with `-f deploy/compose.mtls.yml` added (`up` again: internal-certs makes the certificates,
+     worker, scheduler and gateway are recreated on them, the models volume kept): the README's request through the
+     gateway, plaintext health checks refused on the scheduler's and the worker's gRPC ports while their
+     health-only ports answer, and internal-certs run again keeping every certificate
+  6. `docker compose down -v`
+The compose project is COMPOSE_CHECK_PROJECT (default pagedserve-compose-check): Docker may be shared.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ NOT_STARTED = {"jaeger": "jaegertracing/all-in-one is on Docker Hub only and has
                "grafana": "grafana/grafana is on Docker Hub only and has no Debian package"}
 README_REQUEST = {"model": "SmolLM2-135M-Instruct", "max_tokens": 32, "temperature": 0,
                   "messages": [{"role": "user", "content": "What is the capital of France?"}]}
-PROJECT = "pagedserve-compose-check"
+PROJECT = os.environ.get("COMPOSE_CHECK_PROJECT", "pagedserve-compose-check")
+BASE_FILES = ("docker-compose.yml", "deploy/compose.cpu.yml", "deploy/compose-check/compose.local.yml")
+MTLS_FILE = "deploy/compose.mtls.yml"
 EXIT_NO_DAEMON = 3
 
 
@@ -166,10 +173,10 @@ def build_images() -> dict:
     return used
 
 
-def compose(*args: str, env: dict, timeout_s: float = 900) -> str:
-    files = ("-f", "docker-compose.yml", "-f", "deploy/compose.cpu.yml", "-f", "deploy/compose-check/compose.local.yml")
+def compose(*args: str, env: dict, timeout_s: float = 900, mtls: bool = False, check: bool = True) -> str:
+    files = [arg for name in (*BASE_FILES, *([MTLS_FILE] if mtls else [])) for arg in ("-f", name)]
     binary = shutil.which("docker-compose", path=str(Path(sys.executable).parent)) or "docker-compose"
-    return run(binary, "-p", PROJECT, *files, *args, env=env, timeout_s=timeout_s)
+    return run(binary, "-p", PROJECT, *files, *args, env=env, timeout_s=timeout_s, check=check)
 
 
 def http_json(url: str, body: dict | None = None, timeout_s: float = 60) -> dict:
@@ -191,15 +198,22 @@ def wait_until(what: str, probe, timeout_s: float) -> float:
     raise CheckFailed(f"{what}: not within {timeout_s:.0f} s")
 
 
-def use_stack(env: dict) -> dict:
-    """The checks on the running stack; returns what they saw."""
-    gateway = "http://127.0.0.1:8000"
-    seen = {"ready_s": round(wait_until("gateway /health 200", lambda: urllib.request.urlopen(
-        gateway + "/health", timeout=5).status == 200, 900), 1)}
-    answer = http_json(gateway + "/v1/chat/completions", README_REQUEST)["choices"][0]["message"]["content"]
+GATEWAY = "http://127.0.0.1:8000"
+
+
+def ready_and_answering() -> dict:
+    """Seconds until the gateway's /health is 200, and its answer to the README's request (must name Paris)."""
+    ready_s = wait_until("gateway /health 200", lambda: urllib.request.urlopen(
+        GATEWAY + "/health", timeout=5).status == 200, 900)
+    answer = http_json(GATEWAY + "/v1/chat/completions", README_REQUEST)["choices"][0]["message"]["content"]
     if "Paris" not in answer:
         raise CheckFailed(f"the README's request got {answer!r}")
-    seen["answer"] = answer
+    return {"ready_s": round(ready_s, 1), "answer": answer}
+
+
+def use_stack(env: dict) -> dict:
+    """The checks on the running stack; returns what they saw."""
+    seen = ready_and_answering()
     wait_until("Prometheus scraping the scheduler", lambda: any(
         t["health"] == "up" and t["labels"]["job"] == "pagedserve-scheduler"
         for t in http_json("http://127.0.0.1:9090/api/v1/targets")["data"]["activeTargets"]), 120)
@@ -212,6 +226,33 @@ def use_stack(env: dict) -> dict:
     llm = compose("run", "--rm", "--no-deps", "gateway", "python", "-c",
                   "from pagedserve import LLM; print(LLM.__module__)", env=env)
     seen["from_pagedserve_import_LLM"] = llm.strip()
+    return seen
+
+
+PLAINTEXT_PROBES = {"scheduler:50051": "unhealthy", "gpu-worker:50061": "unhealthy",  # the TLS gRPC ports
+                    "scheduler:50052": "healthy", "gpu-worker:50062": "healthy"}  # the health-only ports
+
+
+def plaintext_health(env: dict) -> dict[str, str]:
+    """target -> what `healthcheck grpc TARGET` (plaintext) said from one one-off gateway container on the stack's
+    network, for each of PLAINTEXT_PROBES."""
+    loop = "; ".join(f"python -m pagedserve.services.healthcheck grpc {target}" for target in PLAINTEXT_PROBES)
+    said = compose("run", "--rm", "--no-deps", "gateway", "sh", "-c", loop, env=env, mtls=True, check=False)
+    lines = [line.rsplit(": ", 1) for line in said.splitlines() if ": " in line]
+    return {target: verdict for target, verdict in lines if target in PLAINTEXT_PROBES}
+
+
+def use_mtls_stack(env: dict) -> dict:
+    """The stack again with deploy/compose.mtls.yml: served through mutual TLS, plaintext refused."""
+    compose("up", "-d", "--no-build", "--pull", "never", env=env, mtls=True)
+    seen = ready_and_answering()
+    seen["plaintext_health"] = plaintext_health(env)
+    if seen["plaintext_health"] != PLAINTEXT_PROBES:
+        raise CheckFailed(f"plaintext health checks: wanted {PLAINTEXT_PROBES}, got {seen['plaintext_health']}")
+    rerun = compose("run", "--rm", "internal-certs", env=env, mtls=True).strip().splitlines()
+    if [line.rsplit(": ", 1)[-1] for line in rerun[-4:]] != ["kept"] * 4:
+        raise CheckFailed(f"internal-certs run again did not keep every certificate: {rerun}")
+    seen["internal_certs_rerun"] = rerun[-4:]
     return seen
 
 
@@ -240,11 +281,13 @@ def main() -> None:
     try:
         step("compose up", lambda: compose("up", "-d", "--no-build", "--pull", "never", env=env))
         report["seen"] = step("checks", lambda: use_stack(env))
+        report["seen_mtls"] = step("mtls up and checks", lambda: use_mtls_stack(env))
     except (CheckFailed, subprocess.TimeoutExpired) as exc:
         failed = exc
-        report["logs_tail"] = compose("logs", "--no-color", "--tail", "30", env=env)[-6000:] if daemon_up() else ""
+        report["logs_tail"] = compose("logs", "--no-color", "--tail", "30", env=env, mtls=True,
+                                      check=False)[-6000:] if daemon_up() else ""
     finally:
-        step("compose down", lambda: compose("down", "-v", "--remove-orphans", env=env))
+        step("compose down", lambda: compose("down", "-v", "--remove-orphans", env=env, mtls=True))
     report["ok"] = failed is None
     text = json.dumps(report, indent=2)
     print(text)

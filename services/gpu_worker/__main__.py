@@ -9,8 +9,11 @@ import threading
 import time
 from collections.abc import Sequence
 
-from pagedserve.services.gpu_worker.server import WorkerServicer, build_server, set_serving
+import grpc
+
+from pagedserve.services.gpu_worker.server import WorkerServicer, build_server, health_only_server, set_serving
 from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+from pagedserve.services.internal_tls import server_credentials
 from pagedserve.shared.cli_config import parse_config
 from pagedserve.shared.log_setup import setup_logging
 from pagedserve.shared.model_dir import model_dir_problem
@@ -31,13 +34,19 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     setup_logging(config.log_level)
     servicer = WorkerServicer()
     try:
-        server, health_servicer = build_server(servicer, config.worker_host, config.worker_port, config.internal_token)
+        server, health_servicer = build_server(servicer, config.worker_host, config.worker_port, config.internal_token,
+                                               server_credentials(config.tls) if config.worker_tls else None)
+        health_server = health_only_server(health_servicer, config.worker_host, config.worker_health_port) \
+            if config.worker_health_port else None
     except OSError as exc:  # a port in use, or an address not of this machine: one line, not a traceback
         log.error("%s", exc)
         return 2
     setup_tracing("pagedserve-worker")
     server.start()
-    log.info("worker gRPC on %s:%d; loading %s", config.worker_host, config.worker_port, config.worker.model_dir)
+    if health_server is not None:
+        health_server.start()
+    log.info("worker gRPC on %s:%d (%s); loading %s", config.worker_host, config.worker_port,
+             "TLS" if config.worker_tls else "plaintext", config.worker.model_dir)
 
     stopping = threading.Event()
 
@@ -57,17 +66,17 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         servicer.load(config.worker)
     except UnsupportedModelError as exc:  # the operator's choice of model or flags: one line, not a traceback
         log.error("cannot serve %s: %s", config.worker.model_dir, exc)
-        server.stop(0)
+        _stop(server, health_server, 0)
         return 2
     except Exception:
         log.exception("failed to load the model")
-        server.stop(0)
+        _stop(server, health_server, 0)
         return 1
     description = servicer.worker.describe()
     problem = description.pool_problem()
     if problem is not None:  # refused at start, not "ready" and then refusing every long request
         log.error("%s", problem)
-        server.stop(0)
+        _stop(server, health_server, 0)
         return 2
     if not stopping.is_set():
         set_serving(health_servicer, True)
@@ -77,10 +86,16 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     while not stopping.wait(0.5):
         pass
     _drain(servicer, config.drain_timeout_s)
-    server.stop(STEP_GRACE_S).wait()
+    _stop(server, health_server, STEP_GRACE_S)
     shutdown_tracing()
     log.info("worker stopped")
     return 0
+
+
+def _stop(server: grpc.Server, health_server: grpc.Server | None, grace_s: float) -> None:
+    server.stop(grace_s).wait()
+    if health_server is not None:
+        health_server.stop(0).wait()
 
 
 def _drain(servicer: WorkerServicer, timeout_s: float) -> None:

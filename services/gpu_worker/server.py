@@ -224,8 +224,9 @@ def _end_step_spans(done: futures.Future, step_span: trace.Span | None, request_
         step_span.end()
 
 
-def build_server(servicer: WorkerServicer, host: str, port: int, internal_token: str = ""
-                 ) -> tuple[grpc.Server, health.HealthServicer]:
+def build_server(servicer: WorkerServicer, host: str, port: int, internal_token: str = "",
+                 credentials: grpc.ServerCredentials | None = None) -> tuple[grpc.Server, health.HealthServicer]:
+    """The worker's gRPC server on host:port (TLS with `credentials`, else plaintext) and its health servicer."""
     # threads for the Steps stream, two grammar compiles (PrepareGrammar waits on them), probes and the rest
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), interceptors=[TokenInterceptor(internal_token)],
                          options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -235,8 +236,17 @@ def build_server(servicer: WorkerServicer, host: str, port: int, internal_token:
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # liveness: the process serves gRPC
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)  # readiness: the model is loaded
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bind_grpc_port(server, host, port, "the worker's gRPC server", "--worker-port")
+    bind_grpc_port(server, host, port, "the worker's gRPC server", "--worker-port", credentials)
     return server, health_servicer
+
+
+def health_only_server(health_servicer: health.HealthServicer, host: str, port: int) -> grpc.Server:
+    """A plaintext server of gRPC health alone on `port` (--worker-health-port): probes that cannot speak TLS see
+    the same liveness and readiness as the TLS gRPC port, and nothing else."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=GRPC_SERVER_OPTIONS)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bind_grpc_port(server, host, port, "the worker's health server", "--worker-health-port")
+    return server
 
 
 def set_serving(health_servicer: health.HealthServicer, serving: bool) -> None:

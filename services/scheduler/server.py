@@ -174,14 +174,16 @@ async def serve(config: SchedulerServiceConfig) -> None:
     await server.start()
     if health_server is not None:
         await health_server.start()
-    log.info("scheduler gRPC on %s (%s); worker at %s; /metrics on %s", address,
+    log.info("scheduler gRPC on %s (%s); worker at %s (%s); /metrics on %s", address,
              "TLS" if config.tls.serves_tls else "plaintext", config.worker_address,
+             "TLS" if config.worker_tls else "plaintext",
              f"{config.metrics_host}:{config.metrics_port}" if config.metrics_port else "(off)")
 
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    worker = WorkerClient(config.worker_address, config.step_progress_timeout_s, config.internal_token)
+    worker = WorkerClient(config.worker_address, config.step_progress_timeout_s, config.internal_token,
+                          config.tls if config.worker_tls else None)
     readiness = Readiness(NotReady.STARTING)
     tasks = [asyncio.create_task(_publish_readiness(readiness, health_servicer), name="readiness")]
     startup = asyncio.create_task(_start_engine(config, servicer, worker, metrics, readiness, stop, tasks))

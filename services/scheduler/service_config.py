@@ -30,6 +30,10 @@ class SchedulerServiceConfig:
     metrics_host: str = "127.0.0.1"  # interface of this scheduler's Prometheus /metrics (0.0.0.0 for all)
     metrics_port: int = 0  # HTTP port of this scheduler's Prometheus /metrics (8001 under `serve`); 0: none
     worker_address: str = "127.0.0.1:50061"  # host:port of this scheduler's gpu-worker
+    worker_tls: bool = field(default=False, metadata={"help": (
+        "dial the worker with TLS: --internal-tls-ca verifies its certificate (for the name in --worker-address, or "
+        "--internal-tls-server-name), --internal-tls-cert/-key are presented as this scheduler's client certificate "
+        "(the worker's own --worker-tls); false: plaintext (a worker on the pod's loopback)")})
     internal_token: str = ""  # shared secret between the services, sent as gRPC metadata (empty: no check)
     instance_id: str = ""  # names this scheduler's Redis keys; empty: hostname-port
     step_progress_timeout_s: float = 120.0  # a step running longer means a hung worker: its requests fail, not ready
@@ -56,6 +60,8 @@ class SchedulerServiceConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         check_not_placeholder("--internal-token", self.internal_token)
+        if self.worker_tls and not self.tls.dials_tls:
+            raise ValueError("--worker-tls needs --internal-tls-ca (the CA that signed the worker's certificate)")
         if self.scale_down.pod_deletion_cost and not self.state.redis_url:
             raise ValueError("--pod-deletion-cost needs --redis-url (the replicas' prefix indexes are compared there)")
         if self.drain_handoff_margin_s < 0:

@@ -12,6 +12,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.services.internal_auth import token_metadata
+from pagedserve.services.internal_tls import InternalTLSConfig, aio_channel
 from pagedserve.services.proto_convert.common import description_from_pb, structured_output_to_pb
 from pagedserve.services.proto_convert.worker_contract import step_input_to_pb
 from pagedserve.services.proto_gen import common_pb2, worker_pb2, worker_pb2_grpc
@@ -27,11 +28,13 @@ GRAMMAR_COMPILE_TIMEOUT_S = 120.0  # the gateway refuses grammars that take over
 
 
 class WorkerClient:
-    def __init__(self, address: str, step_timeout_s: float, internal_token: str = "") -> None:
+    def __init__(self, address: str, step_timeout_s: float, internal_token: str = "",
+                 tls: InternalTLSConfig | None = None) -> None:
+        """`tls`: dial over TLS when it dials TLS (services/internal_tls.py); None: plaintext."""
         self.address = address
         self.step_timeout_s = step_timeout_s
         self.auth = token_metadata(internal_token)
-        self.channel = grpc.aio.insecure_channel(address, options=[
+        self.channel = aio_channel(address, tls or InternalTLSConfig(), [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
         self.stub = worker_pb2_grpc.WorkerServiceStub(self.channel)

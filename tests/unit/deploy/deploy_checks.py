@@ -32,6 +32,7 @@ from pagedserve.services.scheduler.server import SERVICE_NAME as SCHEDULER_READI
 from pagedserve.services.scheduler.service_config import SchedulerServiceConfig
 from pagedserve.shared.cli_config import ConfigError, add_config_arguments, config_from_args, env_name
 from tests.unit.deploy import deploy_tools
+from tests.unit.deploy.compose_tls_checks import CERTS, check_compose_tls
 
 # gpu-keda, gpu-hpa, gpu-mtls and gpu-inference-pool add the optional components to gpu; gpu-tp: N GPUs per engine
 OVERLAYS = ("gpu", "cpu", "gpu-keda", "gpu-hpa", "gpu-tp", "gpu-mtls", "gpu-inference-pool")
@@ -143,11 +144,13 @@ def promtool_config(root: Path) -> list[str]:
     return [] if done.returncode == 0 else [f"promtool check config: {(done.stdout + done.stderr).strip()}"]
 
 
-COMPOSE_FILES = {"gpu": ("docker-compose.yml",), "cpu": ("docker-compose.yml", "deploy/compose.cpu.yml")}
+COMPOSE_FILES = {"gpu": ("docker-compose.yml",), "cpu": ("docker-compose.yml", "deploy/compose.cpu.yml"),
+                 "gpu-mtls": ("docker-compose.yml", "deploy/compose.mtls.yml"),
+                 "cpu-mtls": ("docker-compose.yml", "deploy/compose.cpu.yml", "deploy/compose.mtls.yml")}
 
 
 def compose_config(root: Path, variant: str, env: dict[str, str] | None = None) -> tuple[dict, list[str]]:
-    """`docker compose config` (resolved, as JSON) of the GPU or CPU file set."""
+    """`docker compose config` (resolved, as JSON) of a file set: GPU or CPU, with or without mTLS."""
     argv = [deploy_tools.docker_compose()]
     for name in COMPOSE_FILES[variant]:
         argv += ["-f", str(root / name)]
@@ -690,17 +693,23 @@ def check_compose(config: dict, variant: str) -> list[str]:
             problems.append(f"compose scheduler: --worker-address {scheduler.worker_address} is not the worker")
         if gateway.scheduler_address != f"scheduler:{scheduler.scheduler_port}":
             problems.append(f"compose gateway: --scheduler-address {gateway.scheduler_address} is not the scheduler")
-        for name, port, service_name in (("gpu-worker", worker.worker_port,
-                                          SERVICES["pagedserve.services.gpu_worker"][2]),
-                                         ("scheduler", scheduler.scheduler_port,
-                                          SERVICES["pagedserve.services.scheduler"][2])):
+        # a TLS port's health needs TLS: its plaintext health-only port then
+        for name, port, service_name in (("gpu-worker", worker.worker_health_port if worker.worker_tls else
+                                          worker.worker_port, SERVICES["pagedserve.services.gpu_worker"][2]),
+                                         ("scheduler", scheduler.health_port if scheduler.tls.serves_tls else
+                                          scheduler.scheduler_port, SERVICES["pagedserve.services.scheduler"][2])):
             test = services[name].get("healthcheck", {}).get("test", [])
             if test[-4:] != ["grpc", f"127.0.0.1:{port}", "--service", service_name]:
-                problems.append(f"compose {name}: the health check must ask its readiness on its own port")
+                problems.append(f"compose {name}: the health check must ask its readiness on its own port "
+                                "(its plaintext health port when it serves TLS)")
         if services["gateway"].get("healthcheck", {}).get("test", [])[-1:] != [
                 f"http://127.0.0.1:{gateway.port}{HTTP_READINESS}"]:
             problems.append("compose gateway: the health check must GET its /health")
+        problems += check_compose_tls(services, commands)
+        if variant.endswith("-mtls") and CERTS not in services:
+            problems.append(f"compose ({variant}): no {CERTS} service")
         devices = str(services["gpu-worker"].get("deploy", {}))
+        variant = variant.removesuffix("-mtls")
         if variant == "gpu" and "'gpu'" not in devices:
             problems.append("compose gpu-worker: no GPU reservation")
         elif variant == "gpu":

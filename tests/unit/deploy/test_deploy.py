@@ -106,6 +106,25 @@ def test_compose_config_resolves_and_connects(root, variant):
         set(config["services"])
 
 
+@pytest.mark.parametrize("variant", ["gpu-mtls", "cpu-mtls"])
+def test_the_compose_mtls_file_makes_every_internal_hop_mutual_tls(root, variant):
+    """The TLS checks are not vacuous: with deploy/compose.mtls.yml both hops serve and dial TLS with certificates
+    from internal-certs, in the image of the file set (the CPU one with compose.cpu.yml)."""
+    config, problems = checks.compose_config(root, variant)
+    assert problems == []
+    services = config["services"]
+    env = {name: services[name]["environment"] for name in ("gpu-worker", "scheduler", "gateway")}
+    assert env["gpu-worker"]["PAGEDSERVE_WORKER_TLS"] == env["scheduler"]["PAGEDSERVE_WORKER_TLS"] == "true"
+    assert all(e["PAGEDSERVE_INTERNAL_TLS_CA"] and e["PAGEDSERVE_INTERNAL_TLS_CERT"] for e in env.values())
+    certs = services["internal-certs"]
+    assert certs["image"] == services["gpu-worker"]["image"] == ("pagedserve:0.1.0-cpu" if variant == "cpu-mtls"
+                                                                 else "pagedserve:0.1.0")
+    assert {"gateway:client", "scheduler:server+client", "gpu-worker:server"} <= set(certs["command"])
+    assert "internal-ca" not in str({n: s.get("volumes") for n, s in services.items() if n != "internal-certs"})
+    plain, _ = checks.compose_config(root, variant.removesuffix("-mtls"))
+    assert "internal-certs" not in plain["services"]  # its profile: off without the mTLS file
+
+
 def test_compose_publishes_on_every_interface_only_when_asked(root):
     config, _ = checks.compose_config(root, "gpu", env={"PAGEDSERVE_BIND_ADDRESS": "0.0.0.0"})
     assert {p["host_ip"] for p in config["services"]["gateway"]["ports"]} == {"0.0.0.0"}

@@ -1,7 +1,8 @@
 """Deliberate breakages of the optional components (internal mTLS, inference pool), each applied to a fresh copy
 and caught when only the overlay that uses the component is rendered and checked: the vendored CRD schemas
-(cert-manager, Gateway API Inference Extension), references and the extension checks. (test_mutations.py runs the
-full check per breakage; these need only their overlay, which keeps them fast.)"""
+(cert-manager, Gateway API Inference Extension), references and the extension checks; breakages of the compose
+mTLS file (deploy/compose.mtls.yml) caught by `docker compose config` and check_compose on the mTLS file sets.
+(test_mutations.py runs the full check per breakage; these need only their overlay, which keeps them fast.)"""
 
 from __future__ import annotations
 
@@ -48,6 +49,40 @@ MUTATIONS = [
     Mutation("endpoint picker serving another pool", POOL + "epp.yaml",
              '"--pool-name", "pagedserve"', '"--pool-name", "default"', "serves pool 'default'"),
 ]
+
+
+COMPOSE_MTLS = "deploy/compose.mtls.yml"
+COMPOSE_MUTATIONS = [
+    Mutation("compose worker serves plaintext", COMPOSE_MTLS, '      PAGEDSERVE_WORKER_TLS: "true"\n', "",
+             "scheduler -> gpu-worker: not mutual TLS"),
+    Mutation("compose scheduler probed on its TLS port", COMPOSE_MTLS, '"127.0.0.1:50052"', '"127.0.0.1:50051"',
+             "compose scheduler: the health check must ask"),
+    Mutation("compose scheduler certificate without client usage", COMPOSE_MTLS, '"scheduler:server+client"',
+             '"scheduler:server"', "makes no client certificate for scheduler"),
+    Mutation("compose gateway reads another service's certificate", COMPOSE_MTLS,
+             "internal-tls-gateway:/etc/pagedserve/tls:ro", "internal-tls-scheduler:/etc/pagedserve/tls:ro",
+             "must come read-only from the volume internal-tls-gateway"),
+    Mutation("compose certificate volume mounted writable", COMPOSE_MTLS,
+             "internal-tls-gpu-worker:/etc/pagedserve/tls:ro", "internal-tls-gpu-worker:/etc/pagedserve/tls",
+             "read_only False"),
+    Mutation("compose gateway checks the IPs it dials", COMPOSE_MTLS,
+             "      PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: scheduler\n", "", "so TLS checks an IP"),
+    Mutation("compose gateway checks a name the scheduler certificate lacks", COMPOSE_MTLS,
+             "PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: scheduler", "PAGEDSERVE_INTERNAL_TLS_SERVER_NAME: engine",
+             "checks the name 'engine'"),
+    Mutation("compose worker starts before its certificate exists", COMPOSE_MTLS, "    depends_on: *after-certs\n",
+             "", "compose gpu-worker: does not wait for internal-certs"),
+]
+
+
+@pytest.mark.parametrize("mutation", COMPOSE_MUTATIONS, ids=[m.name for m in COMPOSE_MUTATIONS])
+def test_the_compose_checks_catch_the_breakage(mutation: Mutation, tmp_path):
+    root = copy_deploy_files(tmp_path)
+    mutation.apply(root)
+    for variant in ("gpu-mtls", "cpu-mtls"):
+        config, problems = checks.compose_config(root, variant)
+        problems += checks.check_compose(config, variant) if config else []
+        assert any(mutation.expected in problem for problem in problems), problems
 
 
 def test_the_overlays_pass_unbroken(tmp_path):

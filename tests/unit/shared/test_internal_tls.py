@@ -1,7 +1,7 @@
 """Mutual TLS on the internal gRPC link (services/internal_tls.py) against real gRPC servers, with certificate
 authorities made in the test: the gateway's scheduler client reaches a TLS scheduler port only with a certificate
 from the CA the server trusts, verifies the server's name, and a renewed certificate is served without a restart;
-the plaintext health port answers probes beside a TLS port."""
+the plaintext health port answers probes beside a TLS port; --worker-tls needs the files each end uses."""
 
 from __future__ import annotations
 
@@ -213,3 +213,18 @@ def test_flags_and_environment_fill_the_tls_config(tmp_path):
 def test_incomplete_tls_settings_are_refused_naming_the_flag(fields, message):
     with pytest.raises(ValueError, match=message):
         InternalTLSConfig(**fields)
+
+
+def test_worker_tls_needs_the_files_each_end_uses():
+    """--worker-tls: the worker serves with its cert and key, the scheduler verifies with the CA."""
+    from pagedserve.services.gpu_worker.service_config import WorkerServiceConfig
+    from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+
+    with pytest.raises(ValueError, match="--internal-tls-cert"):
+        WorkerServiceConfig(WorkerConfig("/models/m"), tls=InternalTLSConfig(internal_tls_ca="/tls/ca.crt"),
+                            worker_tls=True)
+    with pytest.raises(ValueError, match="--internal-tls-ca"):
+        SchedulerServiceConfig(SchedulerConfig(), RedisStateConfig(), AdmissionConfig(), worker_tls=True,
+                               tls=InternalTLSConfig("/tls/tls.crt", "/tls/tls.key"))
+    assert WorkerServiceConfig(WorkerConfig("/models/m"), tls=InternalTLSConfig("/tls/tls.crt", "/tls/tls.key"),
+                               worker_tls=True).worker_tls
