@@ -211,9 +211,22 @@ def ready_and_answering() -> dict:
     return {"ready_s": round(ready_s, 1), "answer": answer}
 
 
+KERNEL_FALLBACKS = ("unusable", "using torch")  # kernels/cpu/build.py's warnings when a C kernel cannot be mapped
+
+
+def c_kernels_loaded(env: dict) -> str:
+    """Fails when the worker fell back from its C kernels to torch (e.g. a kernel cache on a noexec mount)."""
+    logs = compose("logs", "--no-color", "gpu-worker", env=env)
+    fallbacks = [line for line in logs.splitlines() if any(word in line for word in KERNEL_FALLBACKS)]
+    if fallbacks:
+        raise CheckFailed(f"the worker runs without its C kernels: {fallbacks[:3]}")
+    return "no fallback to torch in the worker's log"
+
+
 def use_stack(env: dict) -> dict:
     """The checks on the running stack; returns what they saw."""
     seen = ready_and_answering()
+    seen["c_kernels"] = c_kernels_loaded(env)
     wait_until("Prometheus scraping the scheduler", lambda: any(
         t["health"] == "up" and t["labels"]["job"] == "pagedserve-scheduler"
         for t in http_json("http://127.0.0.1:9090/api/v1/targets")["data"]["activeTargets"]), 120)

@@ -32,7 +32,9 @@ ATTENTION_TYPES = {(torch.float32, torch.float32): "f32", (torch.bfloat16, torch
                    (torch.float32, torch.float16): "f32_kvf16"}
 HERE = Path(__file__).resolve().parent
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared")
-DEFAULT_CACHE_DIR = Path.home() / ".cache" / "pagedserve" / "kernels"
+# PAGEDSERVE_KERNEL_CACHE_DIR: where the built libraries go; it must allow exec mappings (a noexec tmpfs does not)
+DEFAULT_CACHE_DIR = Path(os.environ.get("PAGEDSERVE_KERNEL_CACHE_DIR")
+                         or Path.home() / ".cache" / "pagedserve" / "kernels")
 
 
 class KernelBuildError(RuntimeError):
