@@ -180,10 +180,11 @@ bench-overload: model
 		$(OVERLOAD_ARGS)
 
 # Tenants (docs/tenants.md): on one `pagedserve serve` with a keys file, two tenants of equal weight, A with ten
-# times B's closed-loop streams on a saturated engine (--max-num-seqs 4, no queue-time bound): B's share of the
-# generated tokens while both are backlogged (>= 45%), A's rate once B stopped; then a priority-0 tenant's TTFT p50
-# during a flood of priority-10 requests against unloaded (<= 2x), in alternating rounds. About 4 minutes on 2
-# cores; table in BENCH_OUT/tenants.md, exit 1 when a target is missed. TENANTS_ARGS: e.g. --both-s 60 --rounds 5.
+# times B's closed-loop streams on a saturated engine (--max-num-seqs 4, no queue-time bound, one worker thread):
+# B's share of the generated tokens while both are backlogged (>= 45%), A's rate once B stopped (>= 0.9x); then a
+# priority-0 tenant's TTFT p50 during a flood of priority-10 requests against unloaded (<= 2x), in alternating
+# rounds. About 5 minutes on 2 cores; table in BENCH_OUT/tenants.md, exit 1 when a target is missed. TENANTS_ARGS:
+# e.g. --both-s 120 --rounds 4.
 TENANTS_ARGS ?=
 bench-tenants: model
 	$(PY) -m pagedserve.benchmarks.tenants --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/tenants.json \

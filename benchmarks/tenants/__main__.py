@@ -2,8 +2,8 @@
 
 Starts `pagedserve serve MODEL_DIR` on free ports with a keys file of four tenants (docs/tenants.md): `a` and `b`
 of equal weight, `urgent` of priority class 0 and `bulk` of class 10; by default `--max-num-seqs 4` (a saturated
-engine from a few dozen streams) and `--max-queue-wait-s 0` (requests queue rather than get a 429). Then, in one
-run:
+engine from a few dozen streams), `--max-queue-wait-s 0` (requests queue rather than get a 429) and one worker
+thread. Then, in one run:
 1. fair share: `a` with ten times `b`'s closed-loop streams (40 against 4: ten times the requests outstanding)
    for `--both-s`, then `b` stops and `a` goes on alone for `--alone-s`;
 2. priority, in `--rounds` alternating rounds: `urgent`'s probes one at a time on the idle engine, then the same
@@ -37,21 +37,26 @@ from pagedserve.benchmarks.tenants.traffic import Client, Tenant, closed_loop, p
 
 KEYS = {"a": "sk-bench-a", "b": "sk-bench-b", "urgent": "sk-bench-urgent", "bulk": "sk-bench-bulk"}
 CLASSES = {"a": 0, "b": 0, "urgent": 0, "bulk": 10}
+# A saturated engine from a few dozen streams, requests queued rather than refused (no queue-time bound), and one
+# worker thread: on a 2-core box shared with the gateway and the clients, two OpenMP threads stall whenever one is
+# descheduled (docs/measurements/2026-12-04-overload.md): on the busy box of 2026-12-06 (load 13) the warm-up
+# requests' steps took about 1.3 s with two threads, 0.08 s with one.
+SERVE_ARGS = "--max-num-seqs 4 --max-queue-wait-s 0 --kv-cache-memory-bytes 536870912 --num-threads 1"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m pagedserve.benchmarks.tenants", description=__doc__.splitlines()[0])
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
-    p.add_argument("--serve-args", default="--max-num-seqs 4 --max-queue-wait-s 0 --kv-cache-memory-bytes 536870912",
+    p.add_argument("--serve-args", default=SERVE_ARGS,
                    help="`pagedserve serve` flags, one shell-quoted string (the keys file is added)")
     p.add_argument("--b-streams", type=int, default=4, help="b's closed-loop streams; a gets ten times as many")
-    p.add_argument("--max-tokens", type=int, default=32, help="of every fair-share and flood request")
+    p.add_argument("--max-tokens", type=int, default=16, help="of every fair-share and flood request")
     p.add_argument("--settle-s", type=float, default=5.0, help="fair share: not counted at the start")
-    p.add_argument("--both-s", type=float, default=40.0)
-    p.add_argument("--alone-s", type=float, default=20.0)
+    p.add_argument("--both-s", type=float, default=60.0)
+    p.add_argument("--alone-s", type=float, default=30.0)
     p.add_argument("--flood-streams", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3, help="priority: unloaded / flood rounds, alternating")
-    p.add_argument("--probes", type=int, default=10, help="priority probes per round and condition")
+    p.add_argument("--rounds", type=int, default=2, help="priority: unloaded / flood rounds, alternating")
+    p.add_argument("--probes", type=int, default=8, help="priority probes per round and condition")
     p.add_argument("--probe-gap-s", type=float, default=0.3)
     p.add_argument("--probe-max-tokens", type=int, default=4)
     p.add_argument("--out", default="bench-results/tenants.json")
@@ -83,6 +88,7 @@ async def fair_share_phase(args: argparse.Namespace, a: Client, b: Client, clock
     await tasks[0]
     figures = accounting.fair_share(a.records, b.records, start_s + args.settle_s, b_stop_s, a_stop_s)
     counted = {t: after_b.get(t, 0.0) - before.get(t, 0.0) for t in ("a", "b")}
+    print(f"fair share: {figures}; by the counter {counted} (load {load()})", flush=True)
     return {"figures": figures, "b_stop_s": b_stop_s, "a_stop_s": a_stop_s,
             "counter_b_share": counted["b"] / sum(counted.values()) if sum(counted.values()) else None}
 
@@ -98,6 +104,8 @@ async def priority_phase(args: argparse.Namespace, urgent: Client, bulk: Client)
         await probes(urgent, args.probes, args.probe_gap_s, flooded, first_seq=(2 * i + 1) * args.probes)
         stop.set()
         await flood
+        print(f"priority round {i + 1}: TTFT s unloaded {[r.ttft_s for r in unloaded[-args.probes:]]}, flood "
+              f"{[r.ttft_s for r in flooded[-args.probes:]]} (load {load()})", flush=True)
     return {"figures": accounting.priority(unloaded, flooded, bulk.records), "records": unloaded + flooded,
             "unloaded_ttft_s": [r.ttft_s for r in unloaded], "flood_ttft_s": [r.ttft_s for r in flooded]}
 
