@@ -6,7 +6,7 @@ MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
 .PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
-	bench-batch-invariant \
+	bench-batch-invariant bench-tenants \
 	redis-server deploy-tools lm-eval-tools prometheus-rule compose-check gpu-check clean
 
 setup: $(STAMP) hooks
@@ -191,6 +191,17 @@ bench-overload: model
 	mkdir -p $(BENCH_OUT)
 	$(PY) -m pagedserve.benchmarks.overload --serve $(MODEL_DIR) --duration-s 60 --multiple 4 --out $(BENCH_OUT)/overload.json \
 		$(OVERLOAD_ARGS)
+
+# Tenants (docs/tenants.md): on one `pagedserve serve` with a keys file, two tenants of equal weight, A with ten
+# times B's closed-loop streams on a saturated engine (--max-num-seqs 4, no queue-time bound, one worker thread):
+# B's share of the generated tokens while both are backlogged (>= 45%), A's rate once B stopped (>= 0.9x); then a
+# priority-0 tenant's TTFT p50 during a flood of priority-10 requests against unloaded (<= 2x), in alternating
+# rounds. About 5 minutes on 2 cores; table in BENCH_OUT/tenants.md, exit 1 when a target is missed. TENANTS_ARGS:
+# e.g. --both-s 120 --rounds 4.
+TENANTS_ARGS ?=
+bench-tenants: model
+	$(PY) -m pagedserve.benchmarks.tenants --model-dir $(MODEL_DIR) --out $(BENCH_OUT)/tenants.json \
+		--log-dir $(BENCH_OUT)/logs $(TENANTS_ARGS)
 
 # Only build llama-server and fetch the GGUF into .peers/ (bench-peers does it when they are missing).
 bench-peers-build: $(STAMP)

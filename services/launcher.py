@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
 
 import httpx
@@ -193,11 +194,20 @@ def wait_until_healthy(config: ServeConfig, children: list[Child], stop: threadi
         while waiting():
             try:
                 if client.get("/health").status_code == 200:
-                    return client.get("/v1/models", headers=_auth(config)).json()["data"][0]["id"]
+                    return served_model_name(config, client)
             except httpx.HTTPError:
                 pass
             stop.wait(0.25)
     return None
+
+
+def served_model_name(config: ServeConfig, client: httpx.Client) -> str:
+    """The name clients send as `model`: the gateway's /v1/models, or, when a keys file guards it and no --api-key
+    gives the launcher a key, the name the worker serves under (its --served-model-name, else the folder's)."""
+    response = client.get("/v1/models", headers=_auth(config))
+    if response.status_code == 401 and config.gateway.api_keys_file and not config.gateway.api_key:
+        return config.worker.worker.model_name or Path(config.launcher.model_dir).name
+    return response.json()["data"][0]["id"]
 
 
 def _auth(config: ServeConfig) -> dict[str, str]:
@@ -207,7 +217,8 @@ def _auth(config: ServeConfig) -> dict[str, str]:
 
 def ready_banner(config: ServeConfig, model_name: str, replicas: list[ServeConfig] | None = None) -> str:
     base = _base_url(config)
-    auth = " -H \"Authorization: Bearer $PAGEDSERVE_API_KEY\"" if config.gateway.api_key else ""  # not the key
+    keyed = config.gateway.api_key or config.gateway.api_keys_file
+    auth = " -H \"Authorization: Bearer $PAGEDSERVE_API_KEY\"" if keyed else ""  # not the key
     body = (f'{{"model": "{model_name}", "messages": [{{"role": "user", "content": "What is the capital of '
             f'France?"}}], "max_tokens": 32, "temperature": 0}}')
     return "\n".join([

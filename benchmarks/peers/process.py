@@ -23,6 +23,7 @@ class ServerSpec:
     port: int
     env: dict[str, str] = field(default_factory=dict)  # added to this process's environment
     metrics_port: int | None = None  # where its engine's Prometheus /metrics are, when not on the API port
+    headers: dict[str, str] = field(default_factory=dict)  # sent with its /v1 calls here (an API key)
     startup_timeout_s: float = 600.0
     stop_timeout_s: float = 30.0
 
@@ -92,13 +93,15 @@ class ServerProcess:
     def _healthy(self, client: httpx.Client) -> bool:
         try:
             health = client.get(self.spec.base_url + "/health")
-            return health.status_code == 200 and client.get(self.spec.base_url + "/v1/models").status_code == 200
+            models = client.get(self.spec.base_url + "/v1/models", headers=self.spec.headers)
+            return health.status_code == 200 and models.status_code == 200
         except httpx.HTTPError:
             return False
 
     def model_name(self) -> str:
         """The first model the server lists: what benchmark requests must name."""
-        response = httpx.get(self.spec.base_url + "/v1/models", timeout=10.0, trust_env=False)
+        response = httpx.get(self.spec.base_url + "/v1/models", headers=self.spec.headers, timeout=10.0,
+                             trust_env=False)
         return response.json()["data"][0]["id"]
 
     def stop(self) -> None:
