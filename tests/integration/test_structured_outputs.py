@@ -226,6 +226,10 @@ def test_bad_grammars_are_400s_naming_the_field(client, model_name):
         ({"extra_body": {"structured_outputs": {"grammar": "root ::= undefined_rule"}}}, "structured_outputs.grammar",
          "undefined_rule"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+        # issue 40: grammars that match nothing were dropped by the worker and answered with free text
+        ({"extra_body": {"structured_outputs": {"grammar": "root ::= root"}}}, "structured_outputs.grammar",
+         "matches no text"),
+        ({"extra_body": {"structured_outputs": {"regex": r"[^\s\S]"}}}, "structured_outputs.regex", "matches no text"),
     ]
     for fields, param, words in cases:
         with pytest.raises(openai.BadRequestError) as info:
