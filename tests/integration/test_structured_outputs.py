@@ -174,9 +174,9 @@ def test_a_named_tool_and_parallel_calls(client, model_name):
 
 def test_required_calls_are_whole_and_cut_calls_parse(client, model_name):
     """Issue 40: a call cut by max_tokens came back with arguments that did not parse, or as markup in content; and
-    with parallel calls allowed every answer holds at least one whole, valid call. (That a newline after the last
-    call no longer forces another is the grammar's property, shown token by token in
-    tests/unit/gateway/structured/test_required_calls_end.py: greedy SmolLM2 may still choose to repeat a call.)"""
+    with parallel calls allowed every answer holds at least one whole, valid call. (That newlines after the last
+    call no longer force another is shown from the raw logprobs in test_tool_call_cuts.py, and token by token in
+    tests/unit/gateway/structured/test_required_calls_end.py.)"""
     def whole(prompt: str, max_tokens: int = 150):
         return client.chat.completions.create(
             model=model_name, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="required",
