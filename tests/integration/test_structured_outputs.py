@@ -174,9 +174,9 @@ def test_a_named_tool_and_parallel_calls(client, model_name):
 
 def test_required_calls_are_whole_and_cut_calls_parse(client, model_name):
     """Issue 40: a call cut by max_tokens came back with arguments that did not parse, or as markup in content; and
-    with parallel calls allowed every answer holds at least one whole, valid call. (That a newline after the last
-    call no longer forces another is the grammar's property, shown token by token in
-    tests/unit/gateway/structured/test_required_calls_end.py: greedy SmolLM2 may still choose to repeat a call.)"""
+    with parallel calls allowed every answer holds at least one whole, valid call. (That newlines after the last
+    call no longer force another is shown from the raw logprobs in test_tool_call_cuts.py, and token by token in
+    tests/unit/gateway/structured/test_required_calls_end.py.)"""
     def whole(prompt: str, max_tokens: int = 150):
         return client.chat.completions.create(
             model=model_name, messages=[{"role": "user", "content": prompt}], tools=TOOLS, tool_choice="required",
@@ -226,6 +226,10 @@ def test_bad_grammars_are_400s_naming_the_field(client, model_name):
         ({"extra_body": {"structured_outputs": {"grammar": "root ::= undefined_rule"}}}, "structured_outputs.grammar",
          "undefined_rule"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
+        # issue 40: grammars that match nothing were dropped by the worker and answered with free text
+        ({"extra_body": {"structured_outputs": {"grammar": "root ::= root"}}}, "structured_outputs.grammar",
+         "matches no text"),
+        ({"extra_body": {"structured_outputs": {"regex": r"[^\s\S]"}}}, "structured_outputs.regex", "matches no text"),
     ]
     for fields, param, words in cases:
         with pytest.raises(openai.BadRequestError) as info:

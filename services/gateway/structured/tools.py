@@ -12,9 +12,10 @@ text in that format, and tool results as user turns wrapped in <tool_response> t
 
 The grammar: `auto` leaves text free until a call opens (the format's trigger) and then forces a valid call (any
 named function, arguments matching its parameters); `required` forces one or more calls and nothing else; a named
-function forces exactly one call of it. `parallel_tool_calls: false` allows one call. After the last call one
-whitespace character may come before the end: a model that writes a newline after a call is not forced into
-another call.
+function forces exactly one call of it. `parallel_tool_calls: false` allows one call. After the last call up to
+MAX_TRAILING_WHITESPACE whitespace characters may come before the end: a model that writes newlines after a call is
+not forced into another call (SmolLM2 writes two: with one allowed, its second newline was masked and greedy
+decoding opened a second, duplicate call). The bound ends the answer of a model that would write on.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from pagedserve.services.gateway.structured.tool_parsers import TOOL_CALL_FORMAT
 from pagedserve.services.gateway.structured.tool_parsers.base import NO_PARAMETERS, ToolCallFormat
 from pagedserve.shared.structured_output import StructuredOutput, StructuredOutputKind
 
-TRAILING_WHITESPACE = {"type": "regex", "pattern": "\\s?"}  # after the last call, before the end
+MAX_TRAILING_WHITESPACE = 4
+# After the last call, before the end. ASCII only: `\s` would let a model that wants to write text on pad with
+# Unicode spaces, token by byte token.
+TRAILING_WHITESPACE = {"type": "regex", "pattern": f"[ \\t\\r\\n]{{0,{MAX_TRAILING_WHITESPACE}}}"}
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import xgrammar as xgr
 from transformers import AutoTokenizer
 
 from pagedserve.services.gateway.api.protocol import ChatCompletionRequest
-from pagedserve.services.gateway.structured.tools import tool_constraint, tool_plan_of
+from pagedserve.services.gateway.structured.tools import MAX_TRAILING_WHITESPACE, tool_constraint, tool_plan_of
 from pagedserve.shared.grammar_cache import GrammarCache
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -39,3 +39,19 @@ def test_the_end_may_follow_the_call_directly_and_a_second_call_is_still_allowed
     matcher, eos = _matcher_after(smollm2_dir, CALL)
     assert matcher.accept_token(eos)
     _matcher_after(smollm2_dir, CALL + "\n" + CALL)  # parallel calls allowed: a second one parses
+
+
+def test_several_newlines_after_the_last_call_may_end_the_answer(smollm2_dir):
+    """SmolLM2 writes two newlines after a call: with only one allowed, the second was masked and greedy decoding
+    opened a duplicate call."""
+    for whitespace in ("\n\n", " \n\n", "\n" * MAX_TRAILING_WHITESPACE):
+        matcher, eos = _matcher_after(smollm2_dir, CALL + whitespace)
+        assert matcher.accept_token(eos) and matcher.is_terminated(), repr(whitespace)
+
+
+def test_the_trailing_whitespace_is_ascii_and_bounded(smollm2_dir):
+    """No Unicode spaces byte token by byte token, and no endless padding: past the bound only the end is left."""
+    matcher, eos = _matcher_after(smollm2_dir, CALL + "\n" * MAX_TRAILING_WHITESPACE)
+    assert not matcher.accept_string("\n") and not matcher.accept_string(" ")
+    matcher, _ = _matcher_after(smollm2_dir, CALL + "\n\n")
+    assert not matcher.accept_string("\u3000") and not matcher.accept_string("\u00a0")
