@@ -15,6 +15,8 @@ import pytest
 
 from tests.integration.test_structured_outputs import ARGS, TOOL_PROMPTS, TOOLS, parallel
 
+pytestmark = pytest.mark.slow
+
 CALL_BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)
 
 
