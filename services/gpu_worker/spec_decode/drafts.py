@@ -8,8 +8,7 @@ from pagedserve.shared.step_protocol import FailedRequest, StepInput
 
 def attach_drafts(step: StepInput, requests: dict[str, RequestState]) -> dict[str, FailedRequest]:
     """Drafts follow the request's last known token, which the step computes: the step schedules 1 + len(drafts)
-    tokens from exactly there. A request whose drafts break that, or that has a grammar (its matcher cannot roll
-    back rejected drafts), fails alone and its mirror is dropped."""
+    tokens from exactly there. A request whose drafts break that fails alone and its mirror is dropped."""
     failed: dict[str, FailedRequest] = {}
     for req_id, drafts in step.draft_token_ids.items():
         state = requests.get(req_id)
@@ -30,6 +29,4 @@ def _problem(state: RequestState, drafts: list[int], num_scheduled: int) -> str 
     if num_scheduled != 1 + len(drafts) or state.num_computed_tokens != len(state.token_ids) - 1:
         return (f"{len(drafts)} drafts for {num_scheduled} scheduled tokens at {state.num_computed_tokens} computed "
                 f"of {len(state.token_ids)}")
-    if state.grammar is not None:
-        return "the request has a grammar"
     return None

@@ -1,21 +1,29 @@
 """Verify draft tokens against the target model's distributions at their positions.
 
 Rows come in groups, one per request: a row per draft token (its position's target distribution and the draft
-token to check) followed by one bonus row (the distribution after the last draft). For a greedy row a draft is
-accepted when it is the argmax. For a random row the draft proposal is a point mass (n-gram), so the standard rule
-accept-with-min(1, p/q) becomes: accept draft d with probability p(d); on rejection sample from p with d's mass
-removed, renormalised. The emitted tokens are then distributed exactly as p, position by position. A request emits
-its accepted drafts and one more token: the first rejected position's replacement, or the bonus row's sample.
+token to check) followed by one bonus row (the distribution after the last draft). Every row is sampled exactly as
+the plain sampler samples it (penalties and bias, the grammar mask, then greedy or the exponential race with the
+row's generator), and a draft is accepted when it equals its row's sample. For a greedy row that is the argmax
+rule. For a random row it is the standard accept-with-min(1, p/q) rule for a point-mass proposal q (n-gram): the
+draft d is accepted with probability p(d), and on rejection the emitted token (the row's sample, never d) is
+distributed as p with d removed, renormalised; so emitted tokens follow p position by position. Coupling the
+acceptance to the plain sampler's draw makes a seeded request's tokens the ones it gets without speculation: row j
+of a request with i outputs draws from the generator of (seed, i + j), as the plain step for output i + j does.
+A request emits its accepted drafts and one more token: the first rejected position's sample, or the bonus row's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from pagedserve.services.gpu_worker.sampler import _apply_bias_and_penalties, _exponential_race, filtered_probs
+from pagedserve.services.gpu_worker.sampler import _apply_bias_and_penalties, _sample_random
 from pagedserve.services.gpu_worker.sampling_batch import SamplingBatch
+
+if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
+    from pagedserve.services.gpu_worker.grammar_mask import GrammarMask
 
 
 @dataclass
@@ -26,40 +34,19 @@ class Verification:
     emitted_token_ids: torch.Tensor  # parallel to emitted_rows
 
 
-def target_probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """The distribution `sample` draws from for each random row (after penalties and bias), normalised."""
-    probs = filtered_probs(logits, batch)
-    return probs / probs.sum(dim=-1, keepdim=True)
-
-
-def _uniform(num_rows: int, generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:
-    uniform = torch.rand(num_rows, device=device)
-    for i, generator in enumerate(generators):
-        if generator is not None:
-            uniform[i] = torch.rand(1, generator=generator, device=device)[0]
-    return uniform
-
-
-def verify(logits: torch.Tensor, batch: SamplingBatch, draft_ids: torch.Tensor, num_drafts: list[int]
-           ) -> Verification:
+def verify(logits: torch.Tensor, batch: SamplingBatch, draft_ids: torch.Tensor, num_drafts: list[int],
+           grammar_mask: GrammarMask | None = None) -> Verification:
     """logits [R, V] fp32 and draft_ids [R] (the draft token each row checks, -1 on bonus rows), grouped as
-    num_drafts[b] + 1 rows per request b."""
+    num_drafts[b] + 1 rows per request b. `grammar_mask`: per-row masks (each row's grammar state after the drafts
+    before it), applied after penalties and bias as the plain sampler does; `logits` is not modified."""
     logits = _apply_bias_and_penalties(logits, batch)
-    is_draft = draft_ids >= 0
-    drafts = draft_ids.clamp(min=0)
+    if grammar_mask is not None:
+        logits = logits.clone() if batch.penalties is None and batch.bias_index is None else logits
+        grammar_mask.apply(logits)
     greedy_ids = logits.argmax(dim=-1)
-    if batch.all_greedy:
-        accepted = is_draft & (greedy_ids == draft_ids)
-        row_tokens = greedy_ids
-    else:
-        probs = target_probs(logits, batch)
-        accept_random = _uniform(len(draft_ids), batch.generators, logits.device) < probs.gather(
-            -1, drafts[:, None]).squeeze(-1)
-        residual = torch.where(is_draft[:, None], probs.scatter(-1, drafts[:, None], 0.0), probs)
-        greedy_rows = batch.temperature == 0.0
-        accepted = is_draft & torch.where(greedy_rows, greedy_ids == draft_ids, accept_random)
-        row_tokens = torch.where(greedy_rows, greedy_ids, _exponential_race(residual, batch.generators))
-    row_tokens = torch.where(accepted, draft_ids, row_tokens)
+    row_tokens = greedy_ids if batch.all_greedy else torch.where(
+        batch.temperature == 0.0, greedy_ids, _sample_random(logits, batch))
+    accepted = (draft_ids >= 0) & (row_tokens == draft_ids)
     return _emitted(accepted, row_tokens, num_drafts)
 
 

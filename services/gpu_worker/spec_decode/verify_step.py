@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +22,10 @@ from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sam
 from pagedserve.services.gpu_worker.spec_decode.rejection_sampler import Verification, verify
 from pagedserve.shared.step_protocol import FailedRequest, StepOutput, TokenLogprobs
 
+if TYPE_CHECKING:  # xgrammar loads only once a request brings a grammar
+    from pagedserve.services.gpu_worker.grammar_mask import GrammarMask
+    from pagedserve.services.gpu_worker.spec_decode.grammar_drafts import DraftWalk
+
 log = logging.getLogger(__name__)
 SamplePlain = Callable[[list[RequestState], torch.Tensor], StepOutput]
 
@@ -29,13 +34,19 @@ def verify_step(sampling: list[RequestState], logits: torch.Tensor, sample_plain
                 block_size: int) -> StepOutput:
     """sampling: the step's sampling requests in row order; logits: one row per plain one, 1 + len(drafts) rows
     per drafted one."""
-    plain, plain_rows, drafted, drafted_rows, row = [], [], [], [], 0
+    plain: list[RequestState] = []
+    drafted: list[RequestState] = []
+    plain_rows: list[int] = []
+    drafted_rows: list[int] = []
+    row = 0
     for request in sampling:
         num_rows = 1 + len(request.draft_token_ids)
         if num_rows == 1:
-            plain.append(request), plain_rows.append(row)
+            plain.append(request)
+            plain_rows.append(row)
         else:
-            drafted.append(request), drafted_rows.extend(range(row, row + num_rows))
+            drafted.append(request)
+            drafted_rows.extend(range(row, row + num_rows))
         row += num_rows
     output = sample_plain(plain, logits[plain_rows]) if plain else StepOutput()
     _verify_drafted(drafted, logits[drafted_rows], vocab_size, block_size, output)
@@ -52,9 +63,11 @@ def _verify_drafted(requests: list[RequestState], logits: torch.Tensor, vocab_si
     group_of_row = torch.repeat_interleave(torch.arange(len(requests)), torch.tensor(num_drafts) + 1)
     non_finite = (~torch.isfinite(logits.amax(dim=-1))).long().cpu()  # NaN and +inf propagate through amax
     finite = (torch.zeros(len(requests), dtype=torch.long).index_add_(0, group_of_row, non_finite) == 0).tolist()
+    walks: list[DraftWalk | None] = [None] * len(requests)
     try:
         batch = build_sampling_batch(rows, vocab_size, logits.device)
-        result = verify(logits, batch, draft_ids, num_drafts)
+        mask, walks = _grammar_walks(requests, rows, vocab_size, logits.device)
+        result = verify(logits, batch, draft_ids, num_drafts, mask)
         logprobs = _logprobs(logits, batch, result)
     except Exception:
         log.exception("verifying the drafts of %d requests failed", len(requests))
@@ -68,12 +81,26 @@ def _verify_drafted(requests: list[RequestState], logits: torch.Tensor, vocab_si
             continue
         tokens, num_accepted = result.token_ids[b], result.num_accepted[b]
         request.token_ids.extend(tokens)
+        walk_state = walks[b]
+        if walk_state is not None:
+            walk_state.settle(tokens)
         request.num_computed_tokens -= num_draft - num_accepted
         del request.block_ids[-(-(start + 1 + num_accepted) // block_size):]
         output.num_accepted_drafts[request.req_id] = num_accepted
         output.req_ids.extend([request.req_id] * len(tokens))
         output.sampled_token_ids.extend(tokens)
         output.logprobs.extend(logprobs[b])
+
+
+def _grammar_walks(requests: list[RequestState], rows: list[SamplingRow], vocab_size: int, device: torch.device
+                   ) -> tuple[GrammarMask | None, list[DraftWalk | None]]:
+    """Per-row grammar masks of the drafted requests (None and no xgrammar import when none has a grammar)."""
+    if all(r.grammar is None for r in requests):
+        return None, [None] * len(requests)
+    from pagedserve.services.gpu_worker.spec_decode.grammar_drafts import walk
+
+    return walk([r.grammar for r in requests], [r.draft_token_ids for r in requests],
+                [row.banned_now for row in rows], vocab_size, device)
 
 
 def _logprobs(logits: torch.Tensor, batch, result: Verification) -> list[list[TokenLogprobs | None]]:

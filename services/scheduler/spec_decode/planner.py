@@ -2,9 +2,10 @@
 
 Contract with the Scheduler (scheduler.py calls these from its decode loop and from update_from_output):
 - A request speculates only as a plain decode (one known token left to compute), with no step in flight for it
-  and no grammar (structured outputs would need their matcher rolled back on the worker: not done, so exact by
-  never drafting for them). Drafts are capped so that even if all are accepted plus the bonus token the request
-  passes neither `max_tokens` nor the context limit, and by what is left of the step's token budget.
+  (a request under a grammar drafts too: the worker masks each verification row with the grammar state after the
+  drafts before it and rolls its matcher back past the rejected ones). Drafts are capped so that even if all are
+  accepted plus the bonus token the request passes neither `max_tokens` nor the context limit, and by what is
+  left of the step's token budget.
 - While its drafted step is in flight the request is not scheduled again (async scheduling: the next step cannot
   know how many tokens it accepts; steps for other requests still overlap). A request whose plain step is in
   flight cannot draft either (its last token is unknown): it sits out the next step when its context's tail
@@ -37,7 +38,7 @@ class DraftPlanner:
 
     def drafts(self, request: Request, budget_left: int) -> list[int]:
         """Draft tokens for a request about to be scheduled as a one-token decode (empty: no speculation)."""
-        if request.num_placeholders or request.sampling.structured_output is not None:
+        if request.num_placeholders:
             return []
         cap = min(self.config.num_speculative_tokens, budget_left,
                   request.sampling.max_tokens - request.num_output_tokens - 1,
@@ -48,8 +49,7 @@ class DraftPlanner:
         """Whether to keep a request with a plain step in flight out of the next step, so that the step after can
         draft from the token that one samples: only when its known context's tail recurs (it is copying). Else it
         keeps pipelining plain decodes."""
-        return (request.num_placeholders > 0 and request.sampling.structured_output is None
-                and bool(self.proposer.propose(request.token_ids, 1)))
+        return request.num_placeholders > 0 and bool(self.proposer.propose(request.token_ids, 1))
 
     def settle(self, request: Request, num_accepted: int, kv: KVCacheManager) -> None:
         """Apply a verified step's acceptance: the step samples `num_accepted` + 1 tokens (placeholders for them);

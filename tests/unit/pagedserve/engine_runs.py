@@ -21,12 +21,14 @@ from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
 from pagedserve.shared.request_io import FinishReason, GenerateRequest
 from pagedserve.shared.sampling_params import SamplingParams
+from pagedserve.shared.step_protocol import TokenLogprobs
 
 
 @dataclass
 class Run:
     tokens: dict[str, list[int]] = field(default_factory=dict)
     reasons: dict[str, FinishReason] = field(default_factory=dict)
+    logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)  # per output token
     num_preemptions: int = 0
     scheduler: Scheduler | None = None  # the run's scheduler, for its counters
 
@@ -86,17 +88,21 @@ def batch_invariant_worker(model_dir: Path, num_blocks: int = 256) -> Worker:
 
 
 def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool, num_blocks: int | None = None,
-        aborts: dict[int, int] | None = None, speculative_config: str = "") -> Run:
+        aborts: dict[int, int] | None = None, speculative_config: str = "", max_num_seqs: int | None = None
+        ) -> Run:
     """Every request to its end (`aborts`: request index -> the engine step that aborts it); then no mirror or
     matcher is left on the worker and every KV block is free."""
-    engine = LLMEngine(worker, SchedulerConfig(max_num_batched_tokens=256, speculative_config=speculative_config),
-                       async_scheduling)
+    config = SchedulerConfig(max_num_batched_tokens=256, speculative_config=speculative_config)
+    if max_num_seqs is not None:
+        config = replace(config, max_num_seqs=max_num_seqs)
+    engine = LLMEngine(worker, config, async_scheduling)
     if num_blocks is not None:  # the scheduler hands out only the first num_blocks of the worker's pool
         engine.scheduler = Scheduler(engine.scheduler.config, replace(engine.description, num_kv_blocks=num_blocks))
     result = Run()
     for request in requests:
         engine.add_request(request)
         result.tokens[request.req_id] = []
+        result.logprobs[request.req_id] = []
     num_steps = 0
     while engine.has_unfinished_requests():
         for index, step in (aborts or {}).items():
@@ -105,6 +111,7 @@ def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool,
         for out in engine.step():
             assert out.req_id not in result.reasons, f"{out.req_id} streamed after it finished"
             result.tokens[out.req_id].extend(out.new_token_ids)
+            result.logprobs[out.req_id].extend(out.new_logprobs)
             if out.finished:
                 result.reasons[out.req_id] = out.finish_reason
         num_steps += 1
