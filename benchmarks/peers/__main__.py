@@ -3,6 +3,7 @@ compare.
 
     python -m pagedserve.benchmarks.peers --servers pagedserve                          # make bench
     python -m pagedserve.benchmarks.peers --servers pagedserve,llama.cpp,transformers   # make bench-peers
+    python -m pagedserve.benchmarks.peers --servers pagedserve,llama.cpp --gguf m.gguf  # both serve this file
 
 Prompts per point: --num-prompts when > 0, else max(--min-prompts, --prompts-per-concurrency x concurrency), by
 default 8, 8, 16, 64 for concurrencies 1, 4, 16, 64: every point fills its concurrency at least once, and the whole
@@ -32,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--out-dir", default="bench-results")
     p.add_argument("--peers-dir", default=".peers", help="git-ignored: the llama.cpp build and the GGUF")
+    p.add_argument("--gguf", default=None,
+                   help="a GGUF file that pagedserve and llama-server both serve (MODEL_DIR still gives the "
+                        "tokenizer that sizes prompts); default: pagedserve serves MODEL_DIR, llama-server the "
+                        "default model's GGUF")
     p.add_argument("--concurrencies", default="1,4,16,64")
     p.add_argument("--pagedserve-concurrencies", default="", help="extra points for pagedserve only, e.g. 64")
     p.add_argument("--workloads", default="random,shared-prefix")
@@ -89,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     llama_threads = parse_ints(args.threads)
     kinds = server_kinds(labels, llama_threads)
     labels = list(kinds)
+    gguf = Path(args.gguf).resolve() if args.gguf else None
+    if gguf is not None and not gguf.is_file():
+        raise SystemExit(f"--gguf {args.gguf}: no such file")
     options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, llama_threads[0],
-                            args.build_jobs)  # fmt: skip
+                            args.build_jobs, gguf)  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
     runs: list[ServerRun] = []
     speeds = {} if args.no_run else {"before": measure_speed()}  # the machine before the first server

@@ -20,6 +20,11 @@ def default_llama_threads() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
+# Peers runs send whole bursts (16, 64 streams at once) on a machine that may be slow: pagedserve queues them as
+# llama-server does, instead of refusing with 429 what its admission bound predicts would wait > 10 s.
+PAGEDSERVE_ARGS = ("--max-queue-wait-s", "0")
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     model_dir: Path  # the converted Hugging Face folder (pagedserve, transformers; tokenizer for every server)
@@ -27,6 +32,8 @@ class ServerOptions:
     llama_ctx_per_slot: int = 2048  # llama-server gets -c = slots x this (prompts <= ~1,400 + answers <= 231)
     threads: int = 1  # llama-server -t (pagedserve and transformers use torch's default); see default_llama_threads
     build_jobs: int = 2
+    gguf: Path | None = None  # a GGUF file both pagedserve and llama-server serve; None: pagedserve serves model_dir
+    # and llama-server the default model's GGUF under peers_dir
 
 
 @dataclass(frozen=True)
@@ -40,16 +47,17 @@ class ServerKind:
 def pagedserve_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
     """Engine counters (prefix hits, KV usage) are on the scheduler's own /metrics, not the gateway's."""
     port, metrics_port = free_port(), free_port()
-    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(options.model_dir), "--port", str(port),
+    model = options.gguf or options.model_dir
+    argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(model), "--port", str(port),
             "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
-            "--metrics-port", str(metrics_port)]  # fmt: skip
+            "--metrics-port", str(metrics_port), *PAGEDSERVE_ARGS]  # fmt: skip
     return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
 
 
 def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
     """`-np N` parallel slots, so that N concurrent requests are decoded as one batch; N x per-slot context."""
     port = free_port()
-    argv = [str(llama_server_path(options.peers_dir)), "-m", str(ensure_gguf(options.peers_dir)),
+    argv = [str(llama_server_path(options.peers_dir)), "-m", str(options.gguf or ensure_gguf(options.peers_dir)),
             "--host", "127.0.0.1", "--port", str(port), "-np", str(concurrency),
             "-c", str(concurrency * options.llama_ctx_per_slot), "-t", str(options.threads),
             "--alias", options.model_dir.name, "--metrics", "--no-webui"]  # fmt: skip
@@ -58,7 +66,8 @@ def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
 
 def prepare_llama(options: ServerOptions) -> None:
     ensure_llama_server(options.peers_dir, options.build_jobs)
-    ensure_gguf(options.peers_dir)
+    if options.gguf is None:
+        ensure_gguf(options.peers_dir)
 
 
 def transformers_cli() -> str:
@@ -75,6 +84,8 @@ def transformers_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
 
 
 def check_transformers(options: ServerOptions) -> None:
+    if options.gguf is not None:
+        raise RuntimeError("transformers serve runs MODEL_DIR, not the --gguf file: left out of this comparison")
     if not transformers_cli():
         raise RuntimeError("no `transformers` CLI: pip install 'transformers[serving]' (fastapi, uvicorn)")
 

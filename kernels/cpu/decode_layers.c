@@ -29,7 +29,7 @@
 #include <immintrin.h>
 #endif
 
-enum { PROJ_INT8_Q4 = 0, PROJ_PACKED_F32 = 1, PROJ_PACKED_CODED = 2 };
+enum { PROJ_INT8 = 0, PROJ_PACKED_F32 = 1, PROJ_PACKED_CODED = 2 };
 
 /* One projection: which GEMM, its sizes, and its packed tensors in that kernel's argument order. */
 typedef struct {
@@ -44,8 +44,8 @@ typedef struct {
     void *key_cache, *value_cache;
 } layer_t;
 
-typedef int (*int8_linear_fn)(const float *, const void *, const void *, const void *, const float *, float *, int,
-                              int, int, int);
+typedef int (*int8_linear_fn)(const float *, const void *, const void *, const void *, int, int, const float *,
+                              float *, int, int, int, int);
 typedef int (*packed_f32_fn)(const float *, const void *, const float *, float *, int, int, int, int);
 typedef int (*packed_coded_fn)(const float *, const void *, const void *, const void *, int, int, const float *,
                                float *, int, int, int, int);
@@ -84,8 +84,8 @@ typedef struct {
 static int project(const kernels_t *k, const projection_t *p, const float *x, float *y, int rows, int threads) {
     const void *const *t = p->tensors;
     switch (p->kind) {
-    case PROJ_INT8_Q4:
-        return k->int8_linear(x, t[0], t[1], t[2], p->bias, y, rows, p->in, p->out, threads);
+    case PROJ_INT8:
+        return k->int8_linear(x, t[0], t[1], t[2], p->bits, p->group, p->bias, y, rows, p->in, p->out, threads);
     case PROJ_PACKED_F32:
         return k->packed_f32(x, t[0], p->bias, y, rows, p->in, p->out, threads);
     default:

@@ -17,7 +17,7 @@ from pagedserve.kernels.cpu.paged_decode import NativePagedDecode
 from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
 
 _ptr, _int, _float = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-INT8_Q4, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds
+INT8, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds
 
 
 class _Projection(ctypes.Structure):
@@ -98,7 +98,7 @@ def _address(entry) -> int:
 def _projection(p: Projection) -> _Projection:
     w = p.weight
     if isinstance(w, Int8Weight):
-        kind, bits, group, tensors = INT8_Q4, 4, 32, w.tensors()
+        kind, bits, group, tensors = INT8, w.bits, w.group, w.tensors()
     else:
         kind, bits, group = (PACKED_F32, 32, 32) if w.bits == 32 else (PACKED_CODED, w.bits, w.group)
         tensors = tuple(t for t in (w.values, w.scales, w.offsets) if t is not None)
@@ -129,7 +129,7 @@ class DecodeLayers:
         self.cache_ptr = cache.data_ptr()
         self._structs = (_Layer * len(layers))(*(_layer(layer) for layer in layers))
         f32 = torch.float32
-        entries = (kernels.int8.q4 if kernels.int8 else None, kernels.packed.f32, kernels.packed.coded,
+        entries = (kernels.int8.coded if kernels.int8 else None, kernels.packed.f32, kernels.packed.coded,
                    kernels.fused.entries["rms_norm", f32], kernels.fused.entries["silu_mul", f32],
                    kernels.fused.entries["rotary", f32],
                    kernels.decode.entries[f32, cache.dtype, shape.head_dim] if kernels.decode else None,

@@ -1,5 +1,6 @@
 /* y = x @ w.T (+ bias) for weights that are 4-bit grids (w = q * scale + offset per column and GROUP = 32 inputs,
- * as in a model dequantized from GGUF Q4_1: the default model), with x quantized to int8 per row and 32 inputs.
+ * as in a model dequantized from GGUF Q4_1: the default model) or 8-bit ones (signed codes, scale and offset per
+ * 32 or 16 inputs: GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K), with x quantized to int8 per row and 32 inputs.
  *
  * Each row's group of 32 inputs becomes a = round(x / s) in [-127, 127] with s = max|x| / 127, so that
  *   y[r][c] = sum over groups g of s[r][g] * (scale[c][g] * (q[c] . a[r]) + offset[c][g] * sum(a[r]))
@@ -18,11 +19,19 @@
  * Each output is the same in-order sum over its groups whatever the row count or tile, and each row is quantized on
  * its own: a prompt's rows give the same numbers whole or split across steps (prefix-cache hits keep greedy text).
  *
- * Layouts (contiguous): x [rows, in] fp32 (in % 32 == 0), bias [out] fp32 or NULL, y [rows, out] fp32; codes
- * [panels, in / 4, 32] uint8 for panels of PANEL = 16 columns: byte 4j + i of quad t holds column j's input 4t + i
- * in its low nibble and column j + 8's in its high one; scales and offsets [panels, in / 32, 16] fp32 (out padded
- * to whole panels with zero codes and scales).
- * Entry point: int8_linear_q4. Returns 0, 2 when out of memory. Needs AVX2 (the build fails without it).
+ * 8-bit codes c in [-128, 127] against activations a in [-127, 127]: with AVX512-VNNI, vpdpbusd takes the codes
+ * as unsigned c + 128 (one xor) and the group's sum of a times 128 is taken off the 32-bit result; on AVX2,
+ * vpmaddubsw multiplies |c| by a with c's sign (pairs of at most 2 * 128 * 127 = 32512: no saturation) and
+ * vpmaddwd widens each 4-input sum to 32 bits. Both give the exact integer dot product of each weight group, scaled
+ * as the 4-bit one is, so the two paths agree bit for bit.
+ *
+ * Layouts (contiguous): x [rows, in] fp32 (in % 32 == 0), bias [out] fp32 or NULL, y [rows, out] fp32. For panels of
+ * PANEL = 16 columns (out padded to whole panels with zero codes and scales): 4-bit codes [panels, in / 4, 32] uint8,
+ * byte 4j + i of quad t holding column j's input 4t + i in its low nibble and column j + 8's in its high one;
+ * 8-bit codes [panels, in / 4, 64] int8, byte 4j + i of quad t holding column j's input 4t + i; scales and
+ * offsets [panels, in / group, 16] fp32 (group 32; 16 or 32 for 8-bit codes).
+ * Entry point: int8_linear_coded (bits 4 or 8, group; packed_linear_coded's argument order). Returns 0, 2 when out of
+ * memory, 3 for bits / group it does not take. Needs AVX2 (the build fails without it).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -46,8 +55,9 @@
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
-    const uint8_t *codes; /* [panels, in / 4, 32] */
-    const float *scales, *offsets; /* [panels, in / 32, 16] */
+    const uint8_t *codes; /* [panels, in / 4, 32] (4 bits) or [panels, in / 4, 64] (8 bits) */
+    const float *scales, *offsets; /* [panels, in / group, 16] */
+    int bits, group;
 } weights_t;
 
 typedef struct {
@@ -56,12 +66,20 @@ typedef struct {
     int32_t *outliers; /* [rows]: how many of the row's groups keep an input in fp32 (0 in q) */
     int32_t *outlier_k; /* [rows, in / 32]: those inputs, in group order (the first outliers[r] of row r) */
     float *outlier_v; /* [rows, in / 32]: their values */
+    int32_t *half_sums; /* [rows, in / 16]: the sum of a over each 16 inputs (8-bit codes' groups of 16) */
 } quantized_t;
 
 INLINE float hmax(__m256 v) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+INLINE int hsum_epi32(__m256i v) {
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    return _mm_cvtsi128_si32(t);
 }
 
 /* Row r's x [in] -> its q, scales, sums and outliers. A group whose largest magnitude is more than OUTLIER times
@@ -101,21 +119,21 @@ static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
             amax = second;
         }
         const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-        __m256i n[4], total = _mm256_setzero_si256();
+        __m256i n[4];
         for (int i = 0; i < 4; i++) { /* round to nearest even, clamped against rounding past 127 */
             __m256i rounded = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inverse));
             n[i] = _mm256_min_epi32(_mm256_max_epi32(rounded, low), high);
-            total = _mm256_add_epi32(total, n[i]);
         }
+        const int first = hsum_epi32(_mm256_add_epi32(n[0], n[1]));
+        const int second_half = hsum_epi32(_mm256_add_epi32(n[2], n[3]));
+        qx->half_sums[(int64_t)r * (in / 16) + 2 * g] = first;
+        qx->half_sums[(int64_t)r * (in / 16) + 2 * g + 1] = second_half;
         __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(n[0], n[1]), _mm256_packs_epi32(n[2], n[3]));
         bytes = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(qx->q + (int64_t)r * in + g * GROUP), bytes);
-        __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-        t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
         const int side = r * groups + g;
         qx->scale[side] = amax / 127.0f;
-        qx->sum[side] = qx->scale[side] * (float)_mm_cvtsi128_si32(t);
+        qx->sum[side] = qx->scale[side] * (float)(first + second_half);
     }
     qx->outliers[r] = outliers;
 }
@@ -267,6 +285,143 @@ static void tile_vnni(const quantized_t *x, int row0, int rows, const weights_t 
 #define ROWS_PER_TILE TILE_ROWS
 #endif
 
+/* 8-bit codes. The scaling of one weight group's integer dot products `dot` (columns 0-7 and 8-15) of row r:
+ * acc += (dot * s) * scale + offset * (s * sum of a over the group), in this order whatever the path. */
+INLINE int group_sum(const quantized_t *x, int64_t row, int in, int k, int group) {
+    const int32_t *h = x->half_sums + row * (in / 16) + k * (group / 16);
+    return group == 16 ? h[0] : h[0] + h[1];
+}
+
+#define TILE8_ROWS 4 /* rows of an AVX2 tile of 8-bit codes: 8 int32 accumulators of 8 columns */
+
+/* `rows` (a constant in each caller, at most TILE8_ROWS) quantized rows through panel p of 8-bit codes with AVX2:
+ * per 4 inputs, the codes of columns 0-7 and 8-15 (two registers) as |c|, and per row the 4 activations broadcast
+ * with each code's sign (vpsignb), multiplied into pairs (vpmaddubsw) and widened into 32-bit sums (vpmaddwd). */
+INLINE void tile8_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
+                       int out, int64_t p, const int rows) {
+    const int group = wt->group, wgroups = in / group, groups = in / GROUP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *w = (const int8_t *)wt->codes + p * (int64_t)(in / 4) * 64;
+    const float *sc = wt->scales + p * wgroups * PANEL, *of = wt->offsets + p * wgroups * PANEL;
+    const int8_t *q = x->q + (int64_t)row0 * in;
+    __m256 acc[TILE8_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int k = 0; k < wgroups; k++) {
+        __m256i dot[TILE8_ROWS][2];
+        for (int r = 0; r < rows; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+        for (int t = 0; t < group / 4; t++, w += 64) {
+            const __m256i c0 = _mm256_loadu_si256((const __m256i *)w);
+            const __m256i c1 = _mm256_loadu_si256((const __m256i *)(w + 32));
+            const __m256i m0 = _mm256_abs_epi8(c0), m1 = _mm256_abs_epi8(c1);
+            for (int r = 0; r < rows; r++) {
+                int32_t four;
+                memcpy(&four, q + (int64_t)r * in + k * group + 4 * t, sizeof four);
+                const __m256i a = _mm256_set1_epi32(four);
+                const __m256i p0 = _mm256_maddubs_epi16(m0, _mm256_sign_epi8(a, c0));
+                const __m256i p1 = _mm256_maddubs_epi16(m1, _mm256_sign_epi8(a, c1));
+                dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(p0, ones));
+                dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(p1, ones));
+            }
+        }
+        const int g = k * group / GROUP;
+        for (int r = 0; r < rows; r++) {
+            const float s = x->scale[(int64_t)(row0 + r) * groups + g];
+            const __m256 sum = _mm256_set1_ps(s * (float)group_sum(x, row0 + r, in, k, group));
+            for (int h = 0; h < 2; h++) {
+                const __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[r][h]), _mm256_set1_ps(s));
+                acc[r][h] = _mm256_fmadd_ps(d, _mm256_loadu_ps(sc + k * PANEL + 8 * h), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(of + k * PANEL + 8 * h), sum, acc[r][h]);
+            }
+        }
+    }
+    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
+    for (int r = 0; r < rows; r++) {
+        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
+        _mm256_storeu_ps(sums, acc[r][0]);
+        _mm256_storeu_ps(sums + 8, acc[r][1]);
+        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
+    }
+}
+
+static void tile8(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y, int in,
+                  int out, int64_t p) {
+    switch (rows) {
+    case 1: tile8_rows(x, row0, wt, bias, y, in, out, p, 1); break;
+    case 2: tile8_rows(x, row0, wt, bias, y, in, out, p, 2); break;
+    case 3: tile8_rows(x, row0, wt, bias, y, in, out, p, 3); break;
+    default: tile8_rows(x, row0, wt, bias, y, in, out, p, 4); break;
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* `rows` (a constant in each caller, at most VNNI_ROWS) quantized rows through panel p of 8-bit codes with
+ * AVX512-VNNI: each quad's 64 bytes (16 columns x 4 inputs) xor 0x80 are the codes + 128 as unsigned bytes;
+ * vpdpbusd adds each row's 4-input products into 32-bit sums, and 128 x the group's sum of a is taken off after:
+ * the exact dot product tile8 gets, scaled the same way. */
+INLINE void tile8_vnni_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
+                            int out, int64_t p, const int rows) {
+    const int group = wt->group, wgroups = in / group, groups = in / GROUP;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    const int64_t panel_bytes = (int64_t)(in / 4) * 64;
+    const uint8_t *w = wt->codes + p * panel_bytes;
+    const float *sc = wt->scales + p * wgroups * PANEL, *of = wt->offsets + p * wgroups * PANEL;
+    const int8_t *q = x->q + (int64_t)row0 * in;
+    __m512 acc[VNNI_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int k = 0; k < wgroups; k++) {
+        __m512i dot[VNNI_ROWS];
+        for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
+        for (int b = 0; b < group * 16; b += 64) __builtin_prefetch(w + panel_bytes + b); /* the next panel's group */
+        __builtin_prefetch(sc + (wgroups + k) * PANEL);
+        __builtin_prefetch(of + (wgroups + k) * PANEL);
+        for (int t = 0; t < group / 4; t++, w += 64) {
+            const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512((const void *)w), flip);
+            for (int r = 0; r < rows; r++) {
+                int32_t four;
+                memcpy(&four, q + (int64_t)r * in + k * group + 4 * t, sizeof four);
+                dot[r] = _mm512_dpbusd_epi32(dot[r], codes, _mm512_set1_epi32(four));
+            }
+        }
+        const __m512 scale = _mm512_loadu_ps(sc + k * PANEL), offset = _mm512_loadu_ps(of + k * PANEL);
+        const int g = k * group / GROUP;
+        for (int r = 0; r < rows; r++) {
+            const float s = x->scale[(int64_t)(row0 + r) * groups + g];
+            const int total = group_sum(x, row0 + r, in, k, group);
+            const __m512i exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * total));
+            const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(s));
+            acc[r] = _mm512_fmadd_ps(d, scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s * (float)total), acc[r]);
+        }
+    }
+    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
+    const __mmask16 keep = (__mmask16)((1u << width) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(keep, bias + col0) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const __m512 v = bias ? _mm512_add_ps(acc[r], b) : acc[r];
+        _mm512_mask_storeu_ps(y + (int64_t)(row0 + r) * out + col0, keep, v);
+    }
+}
+
+static void tile8_vnni(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y,
+                       int in, int out, int64_t p) {
+    switch (rows) {
+    case 1: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 1); break;
+    case 2: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 2); break;
+    case 3: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 3); break;
+    case 4: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 4); break;
+    case 5: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 5); break;
+    case 6: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 6); break;
+    case 7: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 7); break;
+    default: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 8); break;
+    }
+}
+#define TILE8 tile8_vnni
+#define ROWS_PER_TILE8 VNNI_ROWS
+#else
+#define TILE8 tile8
+#define ROWS_PER_TILE8 TILE8_ROWS
+#endif
+
 /* The outliers of one block of rows by channel: the distinct inputs that hold one (`channels` [count]), and the
  * slot (index into channels) of each of the block's outlier entries (`slots`, laid out as quantized_t's). */
 typedef struct {
@@ -293,7 +448,33 @@ static void gather_outliers(const quantized_t *x, int first, int last, int group
  * panel's start), read from the panels the tiles have just streamed: input k's codes for a panel's 16 columns
  * are byte k % 4 of each 4-byte lane of quad k / 4 (low nibble: columns 0-7, high: 8-15). Whole panels are
  * written (w has STRIP columns a slot). */
+/* The same from 8-bit codes: input k's codes for a panel's 16 columns are byte k % 4 of each 4-byte lane of the
+ * quad's 64 bytes (columns 0-7, then 8-15), sign-extended. */
+static void dequantize_strip8(const weights_t *wt, const outliers_t *o, int in, int c0, int width, float *w) {
+    const int wgroups = in / wt->group;
+    for (int u = 0; u < o->count; u++) {
+        const int k = o->channels[u];
+        const __m128i up = _mm_cvtsi32_si128(8 * (3 - k % 4));
+        for (int c = 0; c < width; c += PANEL) {
+            const int64_t p = (c0 + c) / PANEL;
+            const uint8_t *quad = wt->codes + (p * (in / 4) + k / 4) * 64;
+            const float *sc = wt->scales + (p * wgroups + k / wt->group) * PANEL;
+            const float *of = wt->offsets + (p * wgroups + k / wt->group) * PANEL;
+            for (int h = 0; h < 2; h++) {
+                const __m256i lanes = _mm256_loadu_si256((const __m256i *)(quad + 32 * h));
+                const __m256 v = _mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sll_epi32(lanes, up), 24));
+                _mm256_storeu_ps(w + u * STRIP + c + 8 * h,
+                                 _mm256_fmadd_ps(v, _mm256_loadu_ps(sc + 8 * h), _mm256_loadu_ps(of + 8 * h)));
+            }
+        }
+    }
+}
+
 static void dequantize_strip(const weights_t *wt, const outliers_t *o, int in, int c0, int width, float *w) {
+    if (wt->bits == 8) {
+        dequantize_strip8(wt, o, in, c0, width, w);
+        return;
+    }
     const int groups = in / GROUP;
     const __m256i nibble = _mm256_set1_epi32(0x0F);
     for (int u = 0; u < o->count; u++) {
@@ -368,20 +549,22 @@ static int add_outliers(const quantized_t *x, const weights_t *wt, float *y, int
     return failed ? 2 : 0;
 }
 
-int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, const float *offsets, const float *bias,
-                   float *y, int rows, int in, int out, int num_threads) {
+/* The whole product: rows quantized, then work items of row tiles through panels, then each item's outliers. */
+static int run(const float *x, const weights_t *wt, const float *bias, float *y, int rows, int in, int out,
+               int num_threads) {
     const int groups = in / GROUP, panels = (out + PANEL - 1) / PANEL;
-    const weights_t wt = {codes, scales, offsets};
     const size_t sides = (size_t)rows * groups;
     int8_t *q = malloc((size_t)rows * in + 64);
-    float *side = malloc(sizeof(float) * (4 * sides + rows) + 64); /* scale, sum, outlier_v, outlier_k, outliers */
+    /* scale, sum, outlier_v, outlier_k, outliers, half_sums */
+    float *side = malloc(sizeof(float) * (6 * sides + rows) + 64);
     if (!q || !side) {
         free(q);
         free(side);
         return 2;
     }
     int32_t *ints = (int32_t *)(side + 3 * sides);
-    const quantized_t qx = {q, side, side + sides, ints + sides, ints, side + 2 * sides};
+    const quantized_t qx = {q, side, side + sides, ints + sides, ints, side + 2 * sides, ints + sides + rows};
+    const int tile_rows = wt->bits == 8 ? ROWS_PER_TILE8 : ROWS_PER_TILE;
     /* Work items of BLOCK_ROWS rows x `chunk` panels, handed out as threads come free: a thread that the OS
      * preempts (the gateway and scheduler share these cores) holds up one item, not a fixed half of the work. */
     const int threads = num_threads > 0 ? num_threads : 1, per_thread = ITEMS_PER_THREAD * threads;
@@ -398,10 +581,16 @@ int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, co
         for (int item = 0; item < items; item++) {
             const int first = item / chunks * BLOCK_ROWS, last = first + BLOCK_ROWS < rows ? first + BLOCK_ROWS : rows;
             const int p0 = item % chunks * chunk, p1 = p0 + chunk < panels ? p0 + chunk : panels;
-            for (int r = first; r < last; r += ROWS_PER_TILE)
-                for (int p = p0; p < p1; p++)
-                    TILE(&qx, r, last - r < ROWS_PER_TILE ? last - r : ROWS_PER_TILE, &wt, bias, y, in, out, p);
-            if (add_outliers(&qx, &wt, y, first, last, in, out, p0 * PANEL, p1 * PANEL)) {
+            for (int r = first; r < last; r += tile_rows) {
+                const int n = last - r < tile_rows ? last - r : tile_rows;
+                for (int p = p0; p < p1; p++) {
+                    if (wt->bits == 8)
+                        TILE8(&qx, r, n, wt, bias, y, in, out, p);
+                    else
+                        TILE(&qx, r, n, wt, bias, y, in, out, p);
+                }
+            }
+            if (add_outliers(&qx, wt, y, first, last, in, out, p0 * PANEL, p1 * PANEL)) {
 #pragma omp atomic write
                 failed = 1;
             }
@@ -410,4 +599,12 @@ int int8_linear_q4(const float *x, const uint8_t *codes, const float *scales, co
     free(q);
     free(side);
     return failed ? 2 : 0;
+}
+
+/* bits 4 (group 32) or 8 (group 16 or 32), with packed_linear_coded's argument order. */
+int int8_linear_coded(const float *x, const uint8_t *codes, const float *scales, const float *offsets, int bits,
+                      int group, const float *bias, float *y, int rows, int in, int out, int num_threads) {
+    if (!((bits == 4 && group == GROUP) || (bits == 8 && (group == 16 || group == GROUP))) || in % GROUP) return 3;
+    const weights_t wt = {codes, scales, offsets, bits, group};
+    return run(x, &wt, bias, y, rows, in, out, num_threads);
 }

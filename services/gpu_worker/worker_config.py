@@ -30,7 +30,7 @@ class WorkerConfig:
     max_model_len: int | None = None  # defaults to the model's max_position_embeddings
     torch_compile: bool = True  # CPU: torch.compile decode attention and one-row matmuls (needs a C++ compiler)
     native_kernels: bool = True  # CPU: C kernels of kernels/cpu (decode attention, few-row linears), built at start
-    int8_activations: bool = True  # CPU, fp32: 4-bit grid weights (GGUF Q4_1-like) multiply int8-quantized inputs
+    int8_activations: bool = True  # CPU, fp32: 4- and 8-bit grid weights (GGUF blocks) multiply int8-quantized inputs
     batch_invariant: bool = False  # CPU: a request's numbers never depend on its batch, chunking or preemption
     num_threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
     enforce_eager: bool = False  # CUDA: never capture decode graphs (vLLM's --enforce-eager)

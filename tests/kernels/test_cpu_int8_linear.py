@@ -139,10 +139,12 @@ def test_zero_rows_and_strided_input() -> None:
 
 
 def test_refuses_what_it_cannot_do() -> None:
-    eight_bit = find_grid(grid_weight(16, 64, GGMLQuantizationType.Q8_0))
-    assert not supports(eight_bit) and not supports(None)
-    with pytest.raises(ValueError, match="4-bit grids"):
-        pack_grid(eight_bit)
+    eight_bit = find_grid(grid_weight(16, 64, GGMLQuantizationType.Q8_0))  # 8-bit: test_cpu_int8_linear_8bit.py
+    sixteen = WeightGrid(eight_bit.codes.to(torch.uint8) & 15, eight_bit.scales[:, :1].contiguous(),
+                         eight_bit.offsets[:, :1].contiguous(), 4, 64)
+    assert supports(eight_bit) and not supports(sixteen) and not supports(None)
+    with pytest.raises(ValueError, match="4-bit grids of 32"):
+        pack_grid(sixteen)
     kernel, packed = Int8Linear(), pack_grid(_grid(16, 32)[1])
     with pytest.raises(ValueError, match="no C int8 linear"):
         kernel(torch.randn(2, 32, dtype=torch.bfloat16), packed, None)

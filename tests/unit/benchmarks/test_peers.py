@@ -14,8 +14,16 @@ from pagedserve.benchmarks.peers.process import ServerProcess, ServerSpec
 from pagedserve.benchmarks.peers.ratios import BEST_LLAMA, comparison
 from pagedserve.benchmarks.peers.results import write_server_results
 from pagedserve.benchmarks.peers.run import bench_server, point_problem
-from pagedserve.benchmarks.peers.servers import ServerKind, ServerOptions, llama_spec, server_kinds
+from pagedserve.benchmarks.peers.servers import (
+    SERVER_KINDS,
+    ServerKind,
+    ServerOptions,
+    llama_spec,
+    pagedserve_spec,
+    server_kinds,
+)
 from pagedserve.services.ports import free_port
+from pagedserve.services.serve_config import parse_serve_config
 from tests.unit.benchmarks.conftest import MODEL_DIR
 
 REPO = Path(__file__).resolve().parents[3]
@@ -65,6 +73,24 @@ def test_a_llama_thread_sweep_runs_one_server_per_count(tmp_path):
     spec = kinds["llama.cpp-t2"].spec(ServerOptions(MODEL_DIR, tmp_path, threads=1), 16)
     assert spec.label == "llama.cpp-t2" and spec.argv[spec.argv.index("-t") + 1] == "2"
     assert list(server_kinds(["pagedserve", "llama.cpp"], (2,))) == ["pagedserve", "llama.cpp"]
+
+
+def test_pagedserve_queues_a_burst_instead_of_refusing_it(tmp_path):
+    """Its argv is one `serve` takes, with the admission bound on predicted queue time lifted."""
+    argv = pagedserve_spec(ServerOptions(MODEL_DIR, tmp_path), 16).argv
+    assert argv[3:5] == ["serve", str(MODEL_DIR)]
+    config = parse_serve_config(argv[4:], environ={})
+    assert config.scheduler.admission.max_queue_wait_s == 0.0
+
+
+def test_a_given_gguf_is_what_both_servers_run(tmp_path):
+    gguf = tmp_path / "model.Q4_K_M.gguf"
+    options = ServerOptions(MODEL_DIR, tmp_path / "peers", gguf=gguf)
+    assert pagedserve_spec(options, 16).argv[4] == str(gguf)
+    llama = llama_spec(options, 16).argv
+    assert llama[llama.index("-m") + 1] == str(gguf)
+    with pytest.raises(RuntimeError, match="not the --gguf file"):
+        SERVER_KINDS["transformers"].prepare(options)
 
 
 def _result(points: dict[int, tuple[float, float]]) -> dict:

@@ -1,9 +1,9 @@
 """The CPU platform's linear kernels, chosen per layer at load.
 
-fp32 weights go to the C GEMMs of kernels/cpu on weights packed once: the int8 GEMM for exact 4-bit grids when
-`int8_activations` (inputs quantized to int8 per row and 32 inputs), else the packed fp32 GEMM (grids packed as
-their codes). Each output is one in-order sum whatever the row count, so every row gets the same numbers in any
-step.
+fp32 weights go to the C GEMMs of kernels/cpu on weights packed once: the int8 GEMM for exact 4-bit grids and 8-bit
+ones (GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K codes) when `int8_activations` (inputs quantized to int8 per row and 32
+inputs), else the packed fp32 GEMM (grids packed as their codes). Each output is one in-order sum whatever the row
+count, so every row gets the same numbers in any step.
 
 16-bit weights: a row's numbers may depend on the product that computes it, so rows are routed by the step's
 StepRows. Prompt rows take the prompt product, whose per-row result depends on nothing else in the call: F.linear
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class LinearOptions:
     native_kernels: bool = True  # the C kernels of kernels/cpu
     torch_compile: bool = True  # a compiled one-row product for 16-bit decodes where the C few-row kernel is off
-    int8_activations: bool = False  # 4-bit grid weights multiply int8-quantized inputs
+    int8_activations: bool = False  # 4- and 8-bit grid weights multiply int8-quantized inputs
     batch_invariant: bool = False  # every row through the prompt product
 
 
@@ -129,7 +129,7 @@ def _prompt_product(layer: Linear, packed: torch.Tensor | None, tile: int) -> Pr
 
 
 def _bind_c_gemms(layers: list[Linear], native: NativeKernels, int8_activations: bool) -> bool:
-    """fp32: every layer on the packed GEMM or (4-bit grids, int8_activations) the int8 one; False where not all
+    """fp32: every layer on the packed GEMM or (4- and 8-bit grids, int8_activations) the int8 one; False where not all
     layers can be. A layer's grid is the checkpoint's (Linear.grid, then dropped) or found in its weight."""
     if not layers or not all(layer.grid is not None or supports_packed(layer.weight) for layer in layers):
         return False
@@ -199,7 +199,7 @@ def _compiled_single_row(layers: list[Linear]) -> Callable | None:
 
 
 def _log_packing(weights: list[PackedWeight | Int8Weight]) -> None:
-    kinds = Counter("4-bit codes x int8 inputs" if isinstance(w, Int8Weight) else
+    kinds = Counter(f"{w.bits}-bit codes x int8 inputs" if isinstance(w, Int8Weight) else
                     "fp32" if w.bits == 32 else f"{w.bits}-bit codes" for w in weights)
     megabytes = sum(weight.nbytes() for weight in weights) / 2**20
     log.info("packed %d weights for the C GEMMs (%s): %.0f MiB", len(weights),
