@@ -41,6 +41,7 @@ class Request:
     priority: int = 0  # lower is more urgent (vLLM's convention): orders the queue, picks preemption victims
     tenant: str = ""  # whose request it is: the queue shares steps between tenants by their recent service
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to other tenants (> 0)
+    kv_cache_share: float | None = None  # the tenant's quota of KV blocks (held + cached) as a pool fraction
 
     @classmethod
     def from_generate(cls, request: GenerateRequest) -> Request:
@@ -52,7 +53,7 @@ class Request:
                    request.sampling, request.cache_salt, request.arrival_time_s,
                    status=RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING,
                    num_outputs_reported=len(resumed), priority=request.priority, tenant=request.tenant,
-                   tenant_weight=request.tenant_weight)
+                   tenant_weight=request.tenant_weight, kv_cache_share=request.tenant_kv_cache_share)
 
     @property
     def num_tokens(self) -> int:
