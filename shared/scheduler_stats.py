@@ -90,8 +90,9 @@ SCALAR_FIELDS = tuple(f.name for f in STATS_FIELDS if f.name not in DICT_FIELDS)
 
 
 def redis_fields(stats: SchedulerStats) -> dict[str, int | float]:
-    """The Redis stats hash: every scalar field by its name, and `<field>.<key>` per key of a dict field
-    (`num_finished.stop`, `kv_blocks_by_tenant.team-a`)."""
+    """The Redis stats hash: every scalar field by its name, and `num_finished.<reason>` per finish reason. The
+    per-tenant blocks are left out: the hash is updated field by field, so a tenant whose blocks dropped to none
+    would keep its last count there."""
     values = {name: getattr(stats, name) for name in SCALAR_FIELDS}
     values = {name: int(v) if isinstance(v, bool) else v for name, v in values.items()}
-    return values | {f"{name}.{key}": count for name in DICT_FIELDS for key, count in getattr(stats, name).items()}
+    return values | {f"num_finished.{reason}": count for reason, count in stats.num_finished.items()}
