@@ -31,6 +31,9 @@ class GenerateRequest:
     tenant: str = ""  # the tenant's name from the gateway's keys file ("": the one default tenant); steps are shared
     # fairly between tenants
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to others (> 0)
+    # The tenant's soft quota of KV blocks, held + cached, as a fraction of the pool in (0, 1] (None: none): its
+    # cached blocks are evicted first and its requests preempted first while it is over
+    tenant_kv_cache_share: float | None = None
     # A continuation: tokens this request already produced on another replica (the client has them). The scheduler
     # starts it as if preempted with these as its outputs; max_tokens, min_tokens and the context limit count them;
     # RequestOutput.new_token_ids never re-sends them, num_output_tokens counts them.

@@ -73,17 +73,26 @@ class SchedulerStats:
         "counter", "pagedserve_worker_idle_seconds",
         "worker waiting between back-to-back steps (round trips, scheduling): what async scheduling hides"))
 
+    # label values: the tenant names the gateway sends (its keys file's), so a client cannot add a series
+    kv_blocks_by_tenant: dict[str, int] = field(default_factory=dict, metadata=_metric(
+        "gauge", "pagedserve_tenant_kv_blocks",
+        "KV blocks a tenant holds or has cached (its quota counts both); tenants with none are absent",
+        label="tenant"))
+
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
 
 STATS_FIELDS = tuple(fields(SchedulerStats))
-SCALAR_FIELDS = tuple(f.name for f in STATS_FIELDS if f.name != "num_finished")
+DICT_FIELDS = tuple(f.name for f in STATS_FIELDS if f.metadata["metric"].label)  # num_finished, kv_blocks_by_tenant
+SCALAR_FIELDS = tuple(f.name for f in STATS_FIELDS if f.name not in DICT_FIELDS)
 
 
 def redis_fields(stats: SchedulerStats) -> dict[str, int | float]:
-    """The Redis stats hash: every scalar field by its name, and `num_finished.<reason>` per finish reason."""
+    """The Redis stats hash: every scalar field by its name, and `num_finished.<reason>` per finish reason. The
+    per-tenant blocks are left out: the hash is updated field by field, so a tenant whose blocks dropped to none
+    would keep its last count there."""
     values = {name: getattr(stats, name) for name in SCALAR_FIELDS}
     values = {name: int(v) if isinstance(v, bool) else v for name, v in values.items()}
     return values | {f"num_finished.{reason}": count for reason, count in stats.num_finished.items()}

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pagedserve.services.proto_convert.common import logprobs_from_pb, logprobs_to_pb, sampling_from_pb, sampling_to_pb
 from pagedserve.services.proto_gen import scheduler_pb2
 from pagedserve.shared.integrity_report import IntegrityReport
 from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
-from pagedserve.shared.scheduler_stats import SCALAR_FIELDS, SchedulerStats
+from pagedserve.shared.scheduler_stats import DICT_FIELDS, SCALAR_FIELDS, SchedulerStats
 from pagedserve.shared.step_protocol import TokenLogprobs
 
 _REASON_TO_PB = {
@@ -24,6 +26,7 @@ def generate_request_to_pb(request: GenerateRequest) -> scheduler_pb2.GenerateRe
                                          sampling=sampling_to_pb(request.sampling), cache_salt=request.cache_salt,
                                          priority=request.priority, tenant=request.tenant,
                                          tenant_weight=request.tenant_weight,
+                                         tenant_kv_cache_share=request.tenant_kv_cache_share or 0.0,
                                          resumed_output_token_ids=request.resumed_output_token_ids)
 
 
@@ -33,6 +36,7 @@ def generate_request_from_pb(pb: scheduler_pb2.GenerateRequest) -> GenerateReque
                            sampling=sampling_from_pb(pb.sampling),
                            cache_salt=pb.cache_salt if pb.HasField("cache_salt") else None,
                            priority=pb.priority, tenant=pb.tenant, tenant_weight=pb.tenant_weight or 1.0,
+                           tenant_kv_cache_share=pb.tenant_kv_cache_share or None,
                            resumed_output_token_ids=list(pb.resumed_output_token_ids))
 
 
@@ -62,11 +66,13 @@ def output_from_chunk(req_id: str, chunk: scheduler_pb2.GenerateChunk) -> Reques
 def stats_to_pb(stats: SchedulerStats) -> scheduler_pb2.SchedulerStats:
     """Field by field, by name: the message and the dataclass have the same fields (a unit test holds them so)."""
     return scheduler_pb2.SchedulerStats(**{name: getattr(stats, name) for name in SCALAR_FIELDS},
-                                        num_finished=stats.num_finished)
+                                        **{name: getattr(stats, name) for name in DICT_FIELDS})
 
 
 def stats_from_pb(pb: scheduler_pb2.SchedulerStats) -> SchedulerStats:
-    return SchedulerStats(**{name: getattr(pb, name) for name in SCALAR_FIELDS}, num_finished=dict(pb.num_finished))
+    values: dict[str, Any] = {name: getattr(pb, name) for name in SCALAR_FIELDS}
+    values.update({name: dict(getattr(pb, name)) for name in DICT_FIELDS})
+    return SchedulerStats(**values)
 
 _INTEGRITY_FIELDS = ("ok", "problem", "num_blocks", "num_free_blocks", "num_cached_blocks", "num_used_blocks",
                      "num_live_requests", "worker_incarnation_id")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagedserve.services.proto_gen import common_pb2 as pagedserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagedserve/v1/scheduler.proto\x12\rpagedserve.v1\x1a\x1apagedserve/v1/common.proto\"\xef\x01\n\x0fGenerateRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x15\n\rtenant_weight\x18\x07 \x01(\x01\x12 \n\x18resumed_output_token_ids\x18\x08 \x03(\x05\x42\r\n\x0b_cache_salt\"\xab\x02\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.pagedserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\x12\x1b\n\x13has_prompt_logprobs\x18\x08 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xa1\x05\n\x0eSchedulerStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x01\x12\x11\n\tnum_steps\x18\x04 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x04\x12\"\n\x1anum_scheduled_tokens_total\x18\x06 \x01(\x04\x12\x44\n\x0cnum_finished\x18\x07 \x03(\x0b\x32..pagedserve.v1.SchedulerStats.NumFinishedEntry\x12\x1c\n\x14prefix_cache_queries\x18\x08 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\t \x01(\x04\x12\x1e\n\x16prefix_cache_evictions\x18\n \x01(\x04\x12\x15\n\rnum_kv_blocks\x18\x0b \x01(\r\x12\x18\n\x10num_state_writes\x18\x0c \x01(\x04\x12 \n\x18num_state_writes_dropped\x18\r \x01(\x04\x12\x1d\n\x15state_store_connected\x18\x0e \x01(\x08\x12\x1c\n\x14num_prefix_deferrals\x18\x0f \x01(\x04\x12\x1f\n\x17num_prompt_tokens_total\x18\x10 \x01(\x04\x12#\n\x1bnum_generation_tokens_total\x18\x11 \x01(\x04\x12\x1c\n\x14worker_step_ns_total\x18\x12 \x01(\x04\x12\x1e\n\x16worker_sample_ns_total\x18\x13 \x01(\x04\x12\x1c\n\x14worker_idle_ns_total\x18\x14 \x01(\x04\x1a\x32\n\x10NumFinishedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x11\n\x0fIdentifyRequest\"I\n\x11SchedulerIdentity\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1f\n\x17publishes_prefix_blocks\x18\x02 \x01(\x08\"\x17\n\x15\x43heckIntegrityRequest\"\xc9\x01\n\x0fIntegrityReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_used_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_live_requests\x18\x07 \x01(\r\x12\x1d\n\x15worker_incarnation_id\x18\x08 \x01(\t*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x19\n\x15\x46INISH_REASON_HANDOFF\x10\x04\x32\x9c\x03\n\x10SchedulerService\x12J\n\x08Generate\x12\x1e.pagedserve.v1.GenerateRequest\x1a\x1c.pagedserve.v1.GenerateChunk0\x01\x12I\n\x08GetStats\x12\x1e.pagedserve.v1.GetStatsRequest\x1a\x1d.pagedserve.v1.SchedulerStats\x12K\n\x08\x44\x65scribe\x12\x1e.pagedserve.v1.DescribeRequest\x1a\x1f.pagedserve.v1.ModelDescription\x12L\n\x08Identify\x12\x1e.pagedserve.v1.IdentifyRequest\x1a .pagedserve.v1.SchedulerIdentity\x12V\n\x0e\x43heckIntegrity\x12$.pagedserve.v1.CheckIntegrityRequest\x1a\x1e.pagedserve.v1.IntegrityReportb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dpagedserve/v1/scheduler.proto\x12\rpagedserve.v1\x1a\x1apagedserve/v1/common.proto\"\x8e\x02\n\x0fGenerateRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x17\n\ncache_salt\x18\x04 \x01(\tH\x00\x88\x01\x01\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0e\n\x06tenant\x18\x06 \x01(\t\x12\x15\n\rtenant_weight\x18\x07 \x01(\x01\x12 \n\x18resumed_output_token_ids\x18\x08 \x03(\x05\x12\x1d\n\x15tenant_kv_cache_share\x18\t \x01(\x01\x42\r\n\x0b_cache_salt\"\xab\x02\n\rGenerateChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\x12\x32\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1b.pagedserve.v1.FinishReason\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x05 \x01(\r\x12\x19\n\x11num_output_tokens\x18\x06 \x01(\r\x12\x35\n\x0fprompt_logprobs\x18\x07 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\x12\x1b\n\x13has_prompt_logprobs\x18\x08 \x01(\x08\"\x11\n\x0fGetStatsRequest\"\xac\x06\n\x0eSchedulerStats\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x01\x12\x11\n\tnum_steps\x18\x04 \x01(\x04\x12\x17\n\x0fnum_preemptions\x18\x05 \x01(\x04\x12\"\n\x1anum_scheduled_tokens_total\x18\x06 \x01(\x04\x12\x44\n\x0cnum_finished\x18\x07 \x03(\x0b\x32..pagedserve.v1.SchedulerStats.NumFinishedEntry\x12\x1c\n\x14prefix_cache_queries\x18\x08 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\t \x01(\x04\x12\x1e\n\x16prefix_cache_evictions\x18\n \x01(\x04\x12\x15\n\rnum_kv_blocks\x18\x0b \x01(\r\x12\x18\n\x10num_state_writes\x18\x0c \x01(\x04\x12 \n\x18num_state_writes_dropped\x18\r \x01(\x04\x12\x1d\n\x15state_store_connected\x18\x0e \x01(\x08\x12\x1c\n\x14num_prefix_deferrals\x18\x0f \x01(\x04\x12\x1f\n\x17num_prompt_tokens_total\x18\x10 \x01(\x04\x12#\n\x1bnum_generation_tokens_total\x18\x11 \x01(\x04\x12\x1c\n\x14worker_step_ns_total\x18\x12 \x01(\x04\x12\x1e\n\x16worker_sample_ns_total\x18\x13 \x01(\x04\x12\x1c\n\x14worker_idle_ns_total\x18\x14 \x01(\x04\x12P\n\x13kv_blocks_by_tenant\x18\x15 \x03(\x0b\x32\x33.pagedserve.v1.SchedulerStats.KvBlocksByTenantEntry\x1a\x32\n\x10NumFinishedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x37\n\x15KvBlocksByTenantEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x11\n\x0fIdentifyRequest\"I\n\x11SchedulerIdentity\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1f\n\x17publishes_prefix_blocks\x18\x02 \x01(\x08\"\x17\n\x15\x43heckIntegrityRequest\"\xc9\x01\n\x0fIntegrityReport\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_used_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_live_requests\x18\x07 \x01(\r\x12\x1d\n\x15worker_incarnation_id\x18\x08 \x01(\t*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x19\n\x15\x46INISH_REASON_HANDOFF\x10\x04\x32\x9c\x03\n\x10SchedulerService\x12J\n\x08Generate\x12\x1e.pagedserve.v1.GenerateRequest\x1a\x1c.pagedserve.v1.GenerateChunk0\x01\x12I\n\x08GetStats\x12\x1e.pagedserve.v1.GetStatsRequest\x1a\x1d.pagedserve.v1.SchedulerStats\x12K\n\x08\x44\x65scribe\x12\x1e.pagedserve.v1.DescribeRequest\x1a\x1f.pagedserve.v1.ModelDescription\x12L\n\x08Identify\x12\x1e.pagedserve.v1.IdentifyRequest\x1a .pagedserve.v1.SchedulerIdentity\x12V\n\x0e\x43heckIntegrity\x12$.pagedserve.v1.CheckIntegrityRequest\x1a\x1e.pagedserve.v1.IntegrityReportb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,26 +34,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._loaded_options = None
   _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1639
-  _globals['_FINISHREASON']._serialized_end=1786
+  _globals['_SCHEDULERSTATS_KVBLOCKSBYTENANTENTRY']._loaded_options = None
+  _globals['_SCHEDULERSTATS_KVBLOCKSBYTENANTENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=1809
+  _globals['_FINISHREASON']._serialized_end=1956
   _globals['_GENERATEREQUEST']._serialized_start=77
-  _globals['_GENERATEREQUEST']._serialized_end=316
-  _globals['_GENERATECHUNK']._serialized_start=319
-  _globals['_GENERATECHUNK']._serialized_end=618
-  _globals['_GETSTATSREQUEST']._serialized_start=620
-  _globals['_GETSTATSREQUEST']._serialized_end=637
-  _globals['_SCHEDULERSTATS']._serialized_start=640
-  _globals['_SCHEDULERSTATS']._serialized_end=1313
-  _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._serialized_start=1263
-  _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._serialized_end=1313
-  _globals['_IDENTIFYREQUEST']._serialized_start=1315
-  _globals['_IDENTIFYREQUEST']._serialized_end=1332
-  _globals['_SCHEDULERIDENTITY']._serialized_start=1334
-  _globals['_SCHEDULERIDENTITY']._serialized_end=1407
-  _globals['_CHECKINTEGRITYREQUEST']._serialized_start=1409
-  _globals['_CHECKINTEGRITYREQUEST']._serialized_end=1432
-  _globals['_INTEGRITYREPORT']._serialized_start=1435
-  _globals['_INTEGRITYREPORT']._serialized_end=1636
-  _globals['_SCHEDULERSERVICE']._serialized_start=1789
-  _globals['_SCHEDULERSERVICE']._serialized_end=2201
+  _globals['_GENERATEREQUEST']._serialized_end=347
+  _globals['_GENERATECHUNK']._serialized_start=350
+  _globals['_GENERATECHUNK']._serialized_end=649
+  _globals['_GETSTATSREQUEST']._serialized_start=651
+  _globals['_GETSTATSREQUEST']._serialized_end=668
+  _globals['_SCHEDULERSTATS']._serialized_start=671
+  _globals['_SCHEDULERSTATS']._serialized_end=1483
+  _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._serialized_start=1376
+  _globals['_SCHEDULERSTATS_NUMFINISHEDENTRY']._serialized_end=1426
+  _globals['_SCHEDULERSTATS_KVBLOCKSBYTENANTENTRY']._serialized_start=1428
+  _globals['_SCHEDULERSTATS_KVBLOCKSBYTENANTENTRY']._serialized_end=1483
+  _globals['_IDENTIFYREQUEST']._serialized_start=1485
+  _globals['_IDENTIFYREQUEST']._serialized_end=1502
+  _globals['_SCHEDULERIDENTITY']._serialized_start=1504
+  _globals['_SCHEDULERIDENTITY']._serialized_end=1577
+  _globals['_CHECKINTEGRITYREQUEST']._serialized_start=1579
+  _globals['_CHECKINTEGRITYREQUEST']._serialized_end=1602
+  _globals['_INTEGRITYREPORT']._serialized_start=1605
+  _globals['_INTEGRITYREPORT']._serialized_end=1806
+  _globals['_SCHEDULERSERVICE']._serialized_start=1959
+  _globals['_SCHEDULERSERVICE']._serialized_end=2371
 # @@protoc_insertion_point(module_scope)

@@ -22,7 +22,7 @@ FINISH_REASON_ABORT: FinishReason
 FINISH_REASON_HANDOFF: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling", "cache_salt", "priority", "tenant", "tenant_weight", "resumed_output_token_ids")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling", "cache_salt", "priority", "tenant", "tenant_weight", "resumed_output_token_ids", "tenant_kv_cache_share")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class GenerateRequest(_message.Message):
     TENANT_FIELD_NUMBER: _ClassVar[int]
     TENANT_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     RESUMED_OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_KV_CACHE_SHARE_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -39,7 +40,8 @@ class GenerateRequest(_message.Message):
     tenant: str
     tenant_weight: float
     resumed_output_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., resumed_output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    tenant_kv_cache_share: float
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., cache_salt: _Optional[str] = ..., priority: _Optional[int] = ..., tenant: _Optional[str] = ..., tenant_weight: _Optional[float] = ..., resumed_output_token_ids: _Optional[_Iterable[int]] = ..., tenant_kv_cache_share: _Optional[float] = ...) -> None: ...
 
 class GenerateChunk(_message.Message):
     __slots__ = ("token_ids", "logprobs", "finish_reason", "num_prompt_tokens", "num_cached_tokens", "num_output_tokens", "prompt_logprobs", "has_prompt_logprobs")
@@ -66,8 +68,15 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions", "num_scheduled_tokens_total", "num_finished", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions", "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected", "num_prefix_deferrals", "num_prompt_tokens_total", "num_generation_tokens_total", "worker_step_ns_total", "worker_sample_ns_total", "worker_idle_ns_total")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "num_steps", "num_preemptions", "num_scheduled_tokens_total", "num_finished", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_evictions", "num_kv_blocks", "num_state_writes", "num_state_writes_dropped", "state_store_connected", "num_prefix_deferrals", "num_prompt_tokens_total", "num_generation_tokens_total", "worker_step_ns_total", "worker_sample_ns_total", "worker_idle_ns_total", "kv_blocks_by_tenant")
     class NumFinishedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class KvBlocksByTenantEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +103,7 @@ class SchedulerStats(_message.Message):
     WORKER_STEP_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     WORKER_SAMPLE_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     WORKER_IDLE_NS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_BLOCKS_BY_TENANT_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
@@ -114,7 +124,8 @@ class SchedulerStats(_message.Message):
     worker_step_ns_total: int
     worker_sample_ns_total: int
     worker_idle_ns_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_scheduled_tokens_total: _Optional[int] = ..., num_finished: _Optional[_Mapping[str, int]] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_evictions: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_state_writes: _Optional[int] = ..., num_state_writes_dropped: _Optional[int] = ..., state_store_connected: _Optional[bool] = ..., num_prefix_deferrals: _Optional[int] = ..., num_prompt_tokens_total: _Optional[int] = ..., num_generation_tokens_total: _Optional[int] = ..., worker_step_ns_total: _Optional[int] = ..., worker_sample_ns_total: _Optional[int] = ..., worker_idle_ns_total: _Optional[int] = ...) -> None: ...
+    kv_blocks_by_tenant: _containers.ScalarMap[str, int]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_steps: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_scheduled_tokens_total: _Optional[int] = ..., num_finished: _Optional[_Mapping[str, int]] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_evictions: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., num_state_writes: _Optional[int] = ..., num_state_writes_dropped: _Optional[int] = ..., state_store_connected: _Optional[bool] = ..., num_prefix_deferrals: _Optional[int] = ..., num_prompt_tokens_total: _Optional[int] = ..., num_generation_tokens_total: _Optional[int] = ..., worker_step_ns_total: _Optional[int] = ..., worker_sample_ns_total: _Optional[int] = ..., worker_idle_ns_total: _Optional[int] = ..., kv_blocks_by_tenant: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class IdentifyRequest(_message.Message):
     __slots__ = ()

@@ -6,7 +6,7 @@ import warnings
 from pagedserve.services.proto_gen import common_pb2 as pagedserve_dot_v1_dot_common__pb2
 from pagedserve.services.proto_gen import worker_pb2 as pagedserve_dot_v1_dot_worker__pb2
 
-GRPC_GENERATED_VERSION = '1.85.4'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

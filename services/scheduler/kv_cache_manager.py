@@ -1,4 +1,7 @@
-"""The only block-level API the scheduler uses: prefix lookups, slot allocation, caching and freeing."""
+"""The only block-level API the scheduler uses: prefix lookups, slot allocation, caching and freeing.
+
+Blocks are counted per tenant (held + cached, tenant_blocks.py); a request carrying a KV-cache share gives its
+tenant a quota of `floor(share * num_blocks)` blocks (at least one), whose excess is evicted first."""
 
 from __future__ import annotations
 
@@ -95,10 +98,23 @@ class KVCacheManager:
             if not owned:
                 del self.blocks_of[request.req_id]
             return None
-        self.pool.touch(hit)
-        appended = hit + self.pool.allocate(num_new_blocks)
+        self.pool.tenants.set_quota(request.tenant, self.quota_blocks(request.kv_cache_share))
+        self.pool.touch(hit, request.tenant)
+        appended = hit + self.pool.allocate(num_new_blocks, request.tenant)
         owned.extend(appended)
         return [b.block_id for b in appended]
+
+    def quota_blocks(self, share: float | None) -> int | None:
+        """The block quota of a tenant given `share` of the pool (None: no quota)."""
+        return None if share is None else max(1, int(share * self.pool.num_blocks))
+
+    def over_quota(self, tenant: str) -> bool:
+        """Whether the tenant holds and caches more blocks than its quota."""
+        return self.pool.tenants.is_over(tenant)
+
+    def blocks_by_tenant(self) -> dict[str, int]:
+        """Each tenant's blocks held + cached (tenants with none are absent)."""
+        return dict(self.pool.tenants.count)
 
     def cache_full_blocks(self, request: Request) -> None:
         """Index every block of the request that is now full of computed tokens."""
@@ -145,6 +161,7 @@ class KVCacheManager:
         require(len(owners) + self.pool.num_free_blocks == self.pool.num_blocks, "blocks lost or double counted")
         require(len(self.prefix_index) == sum(1 for b in self.pool.blocks if b.key is not None),
                 "prefix index and block keys disagree")
+        self.pool.check_tenants()
         self._check_in_flight()
 
     def _check_in_flight(self) -> None:

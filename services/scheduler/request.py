@@ -42,6 +42,7 @@ class Request:
     tenant: str = ""  # whose request it is: the queue shares steps between tenants by their recent service
     tenant_weight: float = 1.0  # the tenant's part of the capacity relative to other tenants (> 0)
     prompt_logprobs_reported: bool = False  # sampling.prompt_logprobs went out (a recomputation's copy is dropped)
+    kv_cache_share: float | None = None  # the tenant's quota of KV blocks (held + cached) as a pool fraction
 
     @classmethod
     def from_generate(cls, request: GenerateRequest) -> Request:
@@ -53,7 +54,7 @@ class Request:
                    request.sampling, request.cache_salt, request.arrival_time_s,
                    status=RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING,
                    num_outputs_reported=len(resumed), priority=request.priority, tenant=request.tenant,
-                   tenant_weight=request.tenant_weight)
+                   tenant_weight=request.tenant_weight, kv_cache_share=request.tenant_kv_cache_share)
 
     @property
     def num_tokens(self) -> int:

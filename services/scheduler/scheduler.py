@@ -16,8 +16,9 @@ Priority and fair share: the waiting queue (WaitingQueue) takes the most urgent 
 with the least recent service over its weight (FairShare, charged with each step's tokens), then first come, first
 served. Running requests are kept by priority (admission order within one), so decodes of urgent requests get the
 budget first. A waiting request finding no free slot takes one from a running request of a less urgent priority
-(preempted: the least urgent, then the most over-served tenant, then the newest); preemption for KV blocks picks its
-victims in the same order among the requests not yet scheduled in the step. With one priority and one tenant all of
+(preempted: the least urgent, then a tenant over its KV-block quota, then the most over-served tenant, then the
+newest); preemption for KV blocks picks its victims in the same order among the requests not yet scheduled in the
+step. With one priority and one tenant all of
 this is first come, first served and the newest is preempted first.
 """
 
@@ -104,6 +105,9 @@ class Scheduler:
             raise RequestRejected("the prompt is empty")
         if not generate.tenant_weight > 0:
             raise RequestRejected(f"the tenant's weight must be positive, not {generate.tenant_weight}")
+        share = generate.tenant_kv_cache_share
+        if share is not None and not 0.0 < share <= 1.0:
+            raise RequestRejected(f"the tenant's KV cache share must be in (0, 1], not {share}")
         if num_prompt >= limit:
             raise RequestRejected(f"the prompt has {num_prompt} tokens but this model's context limit is {limit} "
                                   f"tokens (at least one must remain for the output)")
@@ -215,10 +219,11 @@ class Scheduler:
         return victims
 
     def _victim_index(self, start: int = 0) -> int:
-        """Whom of running[start:] to preempt first: the least urgent priority, then the most over-served tenant,
-        then the newest (the last in running of those)."""
-        running, share = self.running, self.fair_share.share
-        return max(range(start, len(running)), key=lambda i: (running[i].priority, share(running[i].tenant), i))
+        """Whom of running[start:] to preempt first: the least urgent priority, then a tenant over its KV-block
+        quota, then the most over-served tenant, then the newest (the last in running of those)."""
+        running, share, over = self.running, self.fair_share.share, self.kv.over_quota
+        return max(range(start, len(running)),
+                   key=lambda i: (running[i].priority, over(running[i].tenant), share(running[i].tenant), i))
 
     def _drafts(self, request: Request, budget_left: int) -> list[int]:
         """A decode's draft tokens, their KV slots reserved; none when the pool has no room for them."""
@@ -406,4 +411,5 @@ class Scheduler:
         num_waiting = len(self.waiting) + len(self.preparing)  # a request compiling its grammar waits too
         return self.counters.snapshot(num_running=len(self.running), num_waiting=num_waiting,
                                       kv_usage=self.kv.usage, num_kv_blocks=self.description.num_kv_blocks,
-                                      prefix=self.kv.prefix_index.counters)
+                                      prefix=self.kv.prefix_index.counters,
+                                      kv_blocks_by_tenant=self.kv.blocks_by_tenant())

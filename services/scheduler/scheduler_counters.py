@@ -51,7 +51,7 @@ class SchedulerCounters:
         self.num_finished[reason.value] = self.num_finished.get(reason.value, 0) + 1
 
     def snapshot(self, num_running: int, num_waiting: int, kv_usage: float, num_kv_blocks: int,
-                 prefix: PrefixCacheCounters) -> SchedulerStats:
+                 prefix: PrefixCacheCounters, kv_blocks_by_tenant: dict[str, int] | None = None) -> SchedulerStats:
         return SchedulerStats(
             num_running=num_running, num_waiting=num_waiting, kv_usage=kv_usage, num_kv_blocks=num_kv_blocks,
             num_steps=self.num_steps, num_preemptions=self.num_preemptions,
@@ -61,4 +61,4 @@ class SchedulerCounters:
             prefix_cache_queries=prefix.num_queries, prefix_cache_hits=prefix.num_hits,
             prefix_cache_evictions=prefix.num_evictions, num_prefix_deferrals=self.num_prefix_deferrals,
             worker_step_ns_total=self.worker_step_ns_total, worker_sample_ns_total=self.worker_sample_ns_total,
-            worker_idle_ns_total=self.worker_idle_ns_total)
+            worker_idle_ns_total=self.worker_idle_ns_total, kv_blocks_by_tenant=dict(kv_blocks_by_tenant or {}))

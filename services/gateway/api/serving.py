@@ -228,7 +228,8 @@ class Serving:
                 index = len(jobs)
                 choice_id = req_id if num_choices == 1 else f"{req_id}-{index}"
                 request = GenerateRequest(choice_id, prompt_ids, params, tenant_cache_salt(tenant, body.cache_salt),
-                                          priority=priority, tenant=tenant.name, tenant_weight=tenant.weight)
+                                          priority=priority, tenant=tenant.name, tenant_weight=tenant.weight,
+                                          tenant_kv_cache_share=tenant.kv_cache_share)
                 jobs.append(ChoiceJob(index, prompt_index, request, body.stop_strings, body.include_stop_str_in_output))
         return jobs
 

@@ -1,10 +1,13 @@
 """The keys file (`--api-keys-file`, YAML or JSON): tenants, their keys and optional limits.
 
     {"tenants": {"team-a": {"keys": ["sk-a1"], "rpm": 60, "tpm": 100000, "max_concurrent": 8,
-                            "max_tokens": 1024, "models": ["SmolLM2-135M-Instruct"], "priority": 0, "weight": 1}}}
+                            "max_tokens": 1024, "models": ["SmolLM2-135M-Instruct"], "priority": 0, "weight": 1,
+                            "kv_cache_share": 0.5}}}
 
-Every limit is optional (absent: unlimited). Keys are kept only as their SHA-256 digests; no key is ever logged or
-put in an error message. A key listed under two tenants is refused (the whole file is).
+Every limit is optional (absent: unlimited). `kv_cache_share` (in (0, 1]) is the tenant's soft quota of each
+replica's KV-block pool, held + cached blocks, which the scheduler enforces (services/scheduler/tenant_blocks.py).
+Keys are kept only as their SHA-256 digests; no key is ever logged or put in an error message. A key listed under
+two tenants is refused (the whole file is).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import yaml
 
 DEFAULT_TENANT = "default"  # the tenant of --api-key, and of every request when no key is configured
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # a metric label value and span attribute: short and plain
-_LIMITS = {"rpm": int, "tpm": int, "max_concurrent": int, "max_tokens": int, "priority": int, "weight": float}
+_LIMITS = {"rpm": int, "tpm": int, "max_concurrent": int, "max_tokens": int, "priority": int, "weight": float,
+           "kv_cache_share": float}
 _FIELDS = {"keys", "models", *_LIMITS}
 
 
@@ -37,6 +41,7 @@ class Tenant:
     models: tuple[str, ...] | None = None  # model names it may use; None: any
     priority: int = 0  # its class: the most urgent priority its requests may ask for (lower is sooner, as vLLM)
     weight: float = 1.0  # its share of the engine against other tenants (the scheduler's fair share)
+    kv_cache_share: float | None = None  # its soft quota of each replica's KV blocks (held + cached), in (0, 1]
 
     def clamp_priority(self, requested: int | None) -> int:
         """The request's priority: its own, but never more urgent (lower) than the tenant's class."""
@@ -83,6 +88,18 @@ def load_keys_file(path: str | Path) -> KeyTable:
     return KeyTable(by_digest, tuple(tenants))
 
 
+def first_key(path: str | Path) -> str | None:
+    """One key of the file (its first tenant's first), for a local process that must call the gateway it started
+    (`pagedserve serve` reads /v1/models once healthy); None when the file holds none or cannot be read."""
+    try:
+        load_keys_file(path)  # a valid file: every tenant has a non-empty list of keys
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, KeysFileError, yaml.YAMLError):
+        return None
+    tenants = list(data["tenants"].values())
+    return str(tenants[0]["keys"][0]) if tenants else None
+
+
 def _tenant(name: str, entry: object) -> tuple[Tenant, list[str]]:
     if not _NAME.match(name) or name == DEFAULT_TENANT:
         raise KeysFileError(f"tenant name {name[:64]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "
@@ -104,6 +121,8 @@ def _tenant(name: str, entry: object) -> tuple[Tenant, list[str]]:
             raise KeysFileError(f"tenant {name!r}: {field!r} must be a number, got {type(value).__name__}")
         if field != "priority" and value <= 0:
             raise KeysFileError(f"tenant {name!r}: {field!r} must be positive, got {value}")
+        if field == "kv_cache_share" and value > 1:
+            raise KeysFileError(f"tenant {name!r}: 'kv_cache_share' is a fraction of the pool, at most 1, got {value}")
         limits[field] = kind(value)
     models = entry.get("models")
     if models is not None and (not isinstance(models, list) or not all(isinstance(m, str) for m in models)):

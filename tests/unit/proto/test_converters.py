@@ -38,7 +38,7 @@ from pagedserve.shared.sampling_params import (
     SamplingParams,
     SamplingParamsError,
 )
-from pagedserve.shared.scheduler_stats import STATS_FIELDS, SchedulerStats
+from pagedserve.shared.scheduler_stats import DICT_FIELDS, STATS_FIELDS, SchedulerStats
 from pagedserve.shared.step_protocol import (
     CachedRequest,
     FailedRequest,
@@ -123,11 +123,13 @@ def test_generate_request_and_chunks_round_trip():
 
 
 def test_priority_and_tenant_round_trip_and_unset_ones_are_the_defaults():
-    request = GenerateRequest("r1", [1, 2], PARAMS, priority=-3, tenant="team-a", tenant_weight=2.5)
+    request = GenerateRequest("r1", [1, 2], PARAMS, priority=-3, tenant="team-a", tenant_weight=2.5,
+                              tenant_kv_cache_share=0.25)
     back = generate_request_from_pb(generate_request_to_pb(request))
-    assert (back.priority, back.tenant, back.tenant_weight) == (-3, "team-a", 2.5)
+    assert (back.priority, back.tenant, back.tenant_weight, back.tenant_kv_cache_share) == (-3, "team-a", 2.5, 0.25)
     unset = generate_request_from_pb(scheduler_pb2.GenerateRequest(req_id="r2", prompt_token_ids=[1]))
-    assert (unset.priority, unset.tenant, unset.tenant_weight) == (0, "", 1.0)  # weight 0 on the wire: unset
+    # weight and share 0 on the wire: unset
+    assert (unset.priority, unset.tenant, unset.tenant_weight, unset.tenant_kv_cache_share) == (0, "", 1.0, None)
 
 
 def test_resumed_output_token_ids_round_trip_and_unset_is_empty():
@@ -151,8 +153,9 @@ def test_description_and_stats_round_trip():
                                     268369920, incarnation_id="w-1")
     assert description_from_pb(description_to_pb(description)) == description
     values = {f.name: (index % 2 == 0) if f.type == "bool" else (index + 0.5 if f.type == "float" else index + 1)
-              for index, f in enumerate(STATS_FIELDS) if f.name != "num_finished"}
-    stats = SchedulerStats(**values, num_finished={"stop": 3, "abort": 1})
+              for index, f in enumerate(STATS_FIELDS) if f.name not in DICT_FIELDS}
+    stats = SchedulerStats(**values, num_finished={"stop": 3, "abort": 1},
+                           kv_blocks_by_tenant={"team-a": 7, "team-b": 2})
     assert stats_from_pb(stats_to_pb(stats)) == stats
 
 

@@ -19,6 +19,7 @@ def check_pool(pool: BlockPool, refs: dict[int, int]) -> None:
     assert len(pool.free_queue) + len(refs) == pool.num_blocks
     keyed = {b.key: b.block_id for b in pool.blocks if b.key is not None}
     assert {k: pool.prefix_index.get(k) for k in pool.prefix_index.keys()} == keyed
+    pool.check_tenants()  # every held or cached block counted for its tenant
 
 
 def free_order(pool: BlockPool) -> list[int]:

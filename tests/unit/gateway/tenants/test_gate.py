@@ -19,7 +19,7 @@ from tests.unit.gateway.test_app import CHAT, gateway_with_state
 
 KEYS = {"tenants": {
     "team-a": {"keys": ["sk-a"], "rpm": 3},
-    "team-b": {"keys": ["sk-b"]},
+    "team-b": {"keys": ["sk-b"], "kv_cache_share": 0.25},
     "narrow": {"keys": ["sk-n"], "max_tokens": 5},
     "elsewhere": {"keys": ["sk-e"], "models": ["another-model"]},
     "urgent": {"keys": ["sk-u"], "priority": 2, "max_concurrent": 1},
@@ -146,6 +146,13 @@ def test_cache_salts_are_bound_to_the_tenant(tokenizer, tmp_path):
     a_none, a_none_again, b_none, a_s1, b_s1, b_copied = [r.cache_salt for r in fake.requests]
     assert a_none == a_none_again and len({a_none, b_none, a_s1, b_s1, b_copied}) == 5
     assert 'pagedserve_gateway_tenant_tokens_total{kind="cached",tenant="team-a"}' in metrics
+
+
+def test_the_tenants_kv_cache_share_goes_with_its_requests(tokenizer, tmp_path):
+    with gateway_with_state(tokenizer, api_keys_file=keys_file(tmp_path)) as (client, fake, _):
+        for key in ("sk-a", "sk-b"):
+            assert client.post("/v1/chat/completions", json=CHAT, headers=auth(key)).status_code == 200
+    assert [(r.tenant, r.tenant_kv_cache_share) for r in fake.requests] == [("team-a", None), ("team-b", 0.25)]
 
 
 def test_an_open_gateway_keeps_the_unsalted_cache_and_namespaces_a_sent_salt(tokenizer):

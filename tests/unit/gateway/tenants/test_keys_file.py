@@ -13,6 +13,7 @@ from pagedserve.services.gateway.tenants.keys_file import (
     DEFAULT_TENANT,
     KeysFileError,
     Tenant,
+    first_key,
     key_digest,
     load_keys_file,
 )
@@ -37,9 +38,10 @@ def test_the_issues_json_shape_and_yaml_load_the_same(tmp_path):
 
 def test_every_limit_is_optional_and_models_and_max_tokens_load(tmp_path):
     path = tmp_path / "keys.yaml"
-    path.write_text("tenants:\n  bare: {keys: [k1]}\n  narrow: {keys: [k2, k3], models: [m1], max_tokens: 64}\n")
+    path.write_text("tenants:\n  bare: {keys: [k1]}\n  narrow: {keys: [k2, k3], models: [m1], max_tokens: 64,"
+                    " kv_cache_share: 0.25}\n")
     table = load_keys_file(path)
-    assert table.tenants == (Tenant("bare"), Tenant("narrow", max_tokens=64, models=("m1",)))
+    assert table.tenants == (Tenant("bare"), Tenant("narrow", max_tokens=64, models=("m1",), kv_cache_share=0.25))
     assert table.lookup(b"k3").name == "narrow"
 
 
@@ -47,6 +49,8 @@ def test_every_limit_is_optional_and_models_and_max_tokens_load(tmp_path):
     ({"tenants": {"a": {"keys": ["sk-secret-1"], "rpm": -1}}}, "'rpm' must be positive"),
     ({"tenants": {"a": {"keys": ["sk-secret-1"], "rpm": "60"}}}, "'rpm' must be a number"),
     ({"tenants": {"a": {"keys": ["sk-secret-1"], "rps": 1}}}, "unknown field"),
+    ({"tenants": {"a": {"keys": ["sk-secret-1"], "kv_cache_share": 1.5}}}, "'kv_cache_share' is a fraction"),
+    ({"tenants": {"a": {"keys": ["sk-secret-1"], "kv_cache_share": 0}}}, "'kv_cache_share' must be positive"),
     ({"tenants": {"a": {"keys": []}}}, "non-empty list"),
     ({"tenants": {"a": {"keys": ["sk-secret-1"]}, "b": {"keys": ["sk-secret-1"]}}}, "another tenant"),
     ({"tenants": {"a b{}": {"keys": ["sk-secret-1"]}}}, "tenant name"),
@@ -102,3 +106,11 @@ def test_the_kubernetes_secret_example_holds_a_valid_keys_file(tmp_path):
     path = tmp_path / "keys.yaml"
     path.write_text(secret["stringData"]["keys.yaml"])
     assert [t.name for t in load_keys_file(path).tenants] == ["team-a", "batch-jobs"]
+
+
+def test_first_key_gives_the_launcher_a_key_of_a_valid_file_only(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text("tenants:\n  a: {keys: [sk-1, sk-2]}\n  b: {keys: [sk-3]}\n")
+    assert first_key(path) == "sk-1"
+    path.write_text("tenants:\n  a: {keys: []}\n")
+    assert first_key(path) is None and first_key(tmp_path / "missing.yaml") is None
