@@ -26,7 +26,6 @@ from typing import IO
 
 import httpx
 
-from pagedserve.services.gateway.tenants.keys_file import first_key
 from pagedserve.services.healthcheck import grpc_serving
 from pagedserve.services.ports import PortInUseError, free_port, port_is_free
 from pagedserve.services.serve_config import (
@@ -212,9 +211,8 @@ def served_model_name(config: ServeConfig, client: httpx.Client) -> str:
 
 
 def _auth(config: ServeConfig) -> dict[str, str]:
-    """The header the launcher's own call to the gateway needs: --api-key, else a key of --api-keys-file."""
-    gateway = config.gateway
-    key = gateway.api_key or (first_key(gateway.api_keys_file) if gateway.api_keys_file else None)
+    """The header the launcher's own call to the gateway needs: --api-key's (it never reads a tenant's key)."""
+    key = config.gateway.api_key
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

@@ -88,18 +88,6 @@ def load_keys_file(path: str | Path) -> KeyTable:
     return KeyTable(by_digest, tuple(tenants))
 
 
-def first_key(path: str | Path) -> str | None:
-    """One key of the file (its first tenant's first), for a local process that must call the gateway it started
-    (`pagedserve serve` reads /v1/models once healthy); None when the file holds none or cannot be read."""
-    try:
-        load_keys_file(path)  # a valid file: every tenant has a non-empty list of keys
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, KeysFileError, yaml.YAMLError):
-        return None
-    tenants = list(data["tenants"].values())
-    return str(tenants[0]["keys"][0]) if tenants else None
-
-
 def _tenant(name: str, entry: object) -> tuple[Tenant, list[str]]:
     if not _NAME.match(name) or name == DEFAULT_TENANT:
         raise KeysFileError(f"tenant name {name[:64]!r}: use 1-64 letters, digits, '.', '_' or '-' (not "

@@ -13,7 +13,6 @@ from pagedserve.services.gateway.tenants.keys_file import (
     DEFAULT_TENANT,
     KeysFileError,
     Tenant,
-    first_key,
     key_digest,
     load_keys_file,
 )
@@ -107,10 +106,3 @@ def test_the_kubernetes_secret_example_holds_a_valid_keys_file(tmp_path):
     path.write_text(secret["stringData"]["keys.yaml"])
     assert [t.name for t in load_keys_file(path).tenants] == ["team-a", "batch-jobs"]
 
-
-def test_first_key_gives_the_launcher_a_key_of_a_valid_file_only(tmp_path):
-    path = tmp_path / "keys.yaml"
-    path.write_text("tenants:\n  a: {keys: [sk-1, sk-2]}\n  b: {keys: [sk-3]}\n")
-    assert first_key(path) == "sk-1"
-    path.write_text("tenants:\n  a: {keys: []}\n")
-    assert first_key(path) is None and first_key(tmp_path / "missing.yaml") is None
