@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 MODEL_DIR ?= models/SmolLM2-135M-Instruct
 STAMP := $(VENV)/.installed
 
-.PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-latency bench-routing bench-structured bench-overload \
+.PHONY: setup hooks check-commits model run protos test test-unit lint typecheck bench-engine bench bench-peers bench-llama bench-peers-build bench-spec bench-latency bench-routing bench-structured bench-overload \
 	bench-batch-invariant bench-tenants \
 	redis-server deploy-tools lm-eval-tools prometheus-rule compose-check gpu-check clean
 
@@ -149,6 +149,16 @@ BENCH_LLAMA_THREADS ?= 1,2
 bench-llama: model
 	$(BENCH_RUN) --servers pagedserve,llama.cpp --threads $(BENCH_LLAMA_THREADS) --concurrencies 1,16,64 \
 	  --min-prompts $(BENCH_PEER_MIN_PROMPTS) $(BENCH_ARGS)
+
+# Speculative decoding against llama-server (issue 42): pagedserve with BENCH_SPEC_CONFIG against itself without it
+# (pagedserve-plain), llama-server plain and with its own n-gram speculation (llama.cpp-spec), -t 2, on the
+# copy-heavy and random workloads at 1 and 16 streams (64: pagedserve with and without only), in alternating rounds.
+# Table: BENCH_OUT/peers-summary.txt.
+BENCH_SPEC_CONFIG ?= {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+bench-spec: model
+	$(BENCH_RUN) --servers pagedserve,pagedserve-plain,llama.cpp,llama.cpp-spec --threads 2 \
+	  --speculative-config '$(BENCH_SPEC_CONFIG)' --workloads copy-heavy,random --concurrencies 1,16 --pagedserve-concurrencies 64 \
+	  --min-prompts $(BENCH_PEER_MIN_PROMPTS) --rounds 2 $(BENCH_ARGS)
 
 # Where one stream's per-token time goes (forward pass, sampling, the worker's wait between steps, CPU of each
 # process): `pagedserve serve` on free ports, one stream at a time; LATENCY_ARGS e.g. --serve-args "--async-scheduling false".

@@ -16,7 +16,12 @@ COUNTERS = {
     "prefix_cache_hits": re.compile(r"prefix_cache_hits(_total)?$"),
     "prefix_cache_queries": re.compile(r"prefix_cache_queries(_total)?$"),
     "num_preemptions": re.compile(r"(num_)?preemptions(_total)?$"),
+    "spec_decode_num_drafts": re.compile(r"spec_decode_num_drafts(_total)?$"),
+    "spec_decode_num_draft_tokens": re.compile(r"spec_decode_num_draft_tokens(_total)?$"),
+    "spec_decode_num_accepted_tokens": re.compile(r"spec_decode_num_accepted_tokens(_total)?$"),
 }
+# one sample per draft position, in position order (pagedserve and vLLM expose position "0".."k-1" in order)
+PER_POSITION = re.compile(r"spec_decode_num_accepted_tokens_per_pos(_total)?$")
 GAUGES = {"kv_cache_usage": re.compile(r"(kv_cache_usage|gpu_cache_usage)(_ratio|_perc)?$")}
 
 Samples = dict[str, list[float]]  # metric name -> one value per label set
@@ -46,6 +51,15 @@ def counter_deltas(before: Samples, after: Samples) -> tuple[dict[str, float], d
             deltas[key] = sum(after[name]) - sum(before.get(name, []))
             names[key] = name
     return deltas, names
+
+
+def acceptance_by_position(before: Samples, after: Samples, num_drafts: float | None) -> list[float] | None:
+    """Share of verified drafts whose token at each position was accepted over the run; None without speculation."""
+    name = find_metric(after, PER_POSITION)
+    if name is None or not num_drafts:
+        return None
+    old = before.get(name, [])
+    return [(value - (old[i] if i < len(old) else 0.0)) / num_drafts for i, value in enumerate(after[name])]
 
 
 def gauge_max(samples: Samples, key: str) -> tuple[float, str] | None:
@@ -125,6 +139,8 @@ class MetricsWatcher:
             "metrics_url": self.url,
             **deltas,
             "prefix_cache_hit_rate": hits / queries if hits is not None and queries else None,
+            "spec_decode_acceptance_by_position": acceptance_by_position(
+                self.before, after, deltas.get("spec_decode_num_drafts")),
             "kv_cache_usage_peak": self.kv_usage_peak,
             "num_scrapes": self.num_polls,
             "server_metric_names": names,

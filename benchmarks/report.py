@@ -105,15 +105,22 @@ def _server_rows(server: dict | None) -> list[str]:
         ("Prefix cache hits (delta)", "prefix_cache_hits"),
         ("Prefix cache queries (delta)", "prefix_cache_queries"),
         ("Preemptions (delta)", "num_preemptions"),
+        ("Speculative drafts (delta)", "spec_decode_num_drafts"),
+        ("Draft tokens (delta)", "spec_decode_num_draft_tokens"),
+        ("Accepted draft tokens (delta)", "spec_decode_num_accepted_tokens"),
     ]
     fractions = [
         ("Prefix cache hit rate (%)", "prefix_cache_hit_rate"),
         ("KV cache usage peak (%)", "kv_cache_usage_peak"),
     ]
+    by_position = server.get("spec_decode_acceptance_by_position")
+    acceptance = [_row("Acceptance by draft position (%)", " ".join(_percent(a) for a in by_position))
+                  ] if by_position else []
     return [
         _rule(" Server metrics (/metrics) "),
         *(_row(title, server.get(key)) for title, key in counts),
         *(_row(title, _percent(server.get(key))) for title, key in fractions),
+        *acceptance,
     ]
 
 

@@ -37,7 +37,15 @@ WORKLOADS = (
          "--shared-prefix-output-len", "128", "--shared-prefix-output-range-ratio", "0.8", "--num-groups", "12"),
         min_warmups=12,
     ),
+    # "fix this function" prompts of 60-540 tokens whose answers (25-231 tokens) copy the function back: where
+    # speculative decoding pays; run on request only (not in DEFAULT_WORKLOADS)
+    Workload(
+        "copy-heavy",
+        ("--dataset-name", "copy-heavy", "--random-input-len", "300", "--random-output-len", "128",
+         "--random-range-ratio", "0.8"),
+    ),
 )  # fmt: skip
+DEFAULT_WORKLOADS = ("random", "shared-prefix")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-prompts", type=int, default=128, help="requests per concurrency point")
     parser.add_argument("--num-warmups", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS), help="comma list to run")
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                        help=f"comma list of {', '.join(w.name for w in WORKLOADS)}")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     return parser
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 import time
@@ -24,7 +25,13 @@ from pagedserve.benchmarks.peers.plan import SuitePlan, parse_ints
 from pagedserve.benchmarks.peers.ratios import comparison
 from pagedserve.benchmarks.peers.results import write_server_results
 from pagedserve.benchmarks.peers.run import ServerRun, bench_server
-from pagedserve.benchmarks.peers.servers import SERVER_KINDS, ServerOptions, default_llama_threads, server_kinds
+from pagedserve.benchmarks.peers.servers import (
+    LLAMA_SPEC_ARGS,
+    SERVER_KINDS,
+    ServerOptions,
+    default_llama_threads,
+    server_kinds,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llama-server -t; default: cores - 1. A list (1,2) runs llama.cpp once per count, as "
                         "llama.cpp-t1, llama.cpp-t2, and compares pagedserve with the best of them at each point")
     p.add_argument("--build-jobs", type=int, default=2, help="cmake --build -j for llama-server")
+    p.add_argument("--speculative-config", default="",
+                   help="pagedserve's --speculative-config JSON for the `pagedserve` server (pagedserve-plain runs "
+                        "without); e.g. --servers pagedserve,pagedserve-plain,llama.cpp,llama.cpp-spec")
+    p.add_argument("--llama-spec-args", default=" ".join(LLAMA_SPEC_ARGS),
+                   help="llama-server's speculation flags for the llama.cpp-spec server")
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--no-run", action="store_true", help="only merge the points already under OUT_DIR/raw and compare")
     return p
@@ -98,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if gguf is not None and not gguf.is_file():
         raise SystemExit(f"--gguf {args.gguf}: no such file")
     options = ServerOptions(Path(args.model_dir), Path(args.peers_dir), args.llama_ctx_per_slot, llama_threads[0],
-                            args.build_jobs, gguf)  # fmt: skip
+                            args.build_jobs, gguf, args.speculative_config,
+                            tuple(shlex.split(args.llama_spec_args)))  # fmt: skip
     started = f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')} ({_load()})"
     runs: list[ServerRun] = []
     speeds = {} if args.no_run else {"before": measure_speed()}  # the machine before the first server

@@ -28,8 +28,8 @@ class SuitePlan:
             raise ValueError("rounds must be >= 1")
 
     def concurrencies_for(self, label: str) -> tuple[int, ...]:
-        """The shared points, plus pagedserve's own extra ones."""
-        extra = self.own_concurrencies if label == "pagedserve" else ()
+        """The shared points, plus pagedserve's own extra ones (for pagedserve-plain too: its baseline)."""
+        extra = self.own_concurrencies if label in ("pagedserve", "pagedserve-plain") else ()
         return tuple(sorted(set(self.concurrencies + extra)))
 
     def prompts_for(self, concurrency: int) -> int:

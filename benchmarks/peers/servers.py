@@ -20,6 +20,12 @@ def default_llama_threads() -> int:
     return max(1, (os.cpu_count() or 2) - 1)
 
 
+# llama-server's own n-gram speculation (no draft model): the last n tokens looked up in the request's history,
+# the tokens after the match drafted (its docs/speculative.md, "n-gram Map (ngram-simple)"); 3 and 8 as
+# pagedserve's default copy-heavy setting looks up 2-4 tokens
+LLAMA_SPEC_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8",
+                   "--spec-draft-n-max", "8")
+
 # Peers runs send whole bursts (16, 64 streams at once) on a machine that may be slow: pagedserve queues them as
 # llama-server does, instead of refusing with 429 what its admission bound predicts would wait > 10 s.
 PAGEDSERVE_ARGS = ("--max-queue-wait-s", "0")
@@ -34,6 +40,8 @@ class ServerOptions:
     build_jobs: int = 2
     gguf: Path | None = None  # a GGUF file both pagedserve and llama-server serve; None: pagedserve serves model_dir
     # and llama-server the default model's GGUF under peers_dir
+    speculative_config: str = ""  # pagedserve's --speculative-config (JSON; "" off); pagedserve-plain never has one
+    llama_spec_args: tuple[str, ...] = LLAMA_SPEC_ARGS  # llama-server's speculation flags, for llama.cpp-spec only
 
 
 @dataclass(frozen=True)
@@ -48,10 +56,16 @@ def pagedserve_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
     """Engine counters (prefix hits, KV usage) are on the scheduler's own /metrics, not the gateway's."""
     port, metrics_port = free_port(), free_port()
     model = options.gguf or options.model_dir
+    speculative = ["--speculative-config", options.speculative_config] if options.speculative_config else []
     argv = [sys.executable, "-m", "pagedserve.services.cli", "serve", str(model), "--port", str(port),
             "--scheduler-port", str(free_port()), "--worker-port", str(free_port()),
-            "--metrics-port", str(metrics_port), *PAGEDSERVE_ARGS]  # fmt: skip
+            "--metrics-port", str(metrics_port), *PAGEDSERVE_ARGS, *speculative]  # fmt: skip
     return ServerSpec("pagedserve", argv, port, metrics_port=metrics_port)
+
+
+def pagedserve_plain_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+    """pagedserve without speculation: the baseline of a run where `pagedserve` speculates."""
+    return replace(pagedserve_spec(replace(options, speculative_config=""), concurrency), label="pagedserve-plain")
 
 
 def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
@@ -62,6 +76,11 @@ def llama_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
             "-c", str(concurrency * options.llama_ctx_per_slot), "-t", str(options.threads),
             "--alias", options.model_dir.name, "--metrics", "--no-webui"]  # fmt: skip
     return ServerSpec("llama.cpp", argv, port)
+
+
+def llama_speculative_spec(options: ServerOptions, concurrency: int) -> ServerSpec:
+    spec = llama_spec(options, concurrency)
+    return replace(spec, label="llama.cpp-spec", argv=[*spec.argv, *options.llama_spec_args])
 
 
 def prepare_llama(options: ServerOptions) -> None:
@@ -94,7 +113,9 @@ SERVER_KINDS = {
     kind.label: kind
     for kind in (
         ServerKind("pagedserve", pagedserve_spec),
+        ServerKind("pagedserve-plain", pagedserve_plain_spec),
         ServerKind("llama.cpp", llama_spec, prepare_llama, restart_per_concurrency=True),
+        ServerKind("llama.cpp-spec", llama_speculative_spec, prepare_llama, restart_per_concurrency=True),
         ServerKind("transformers", transformers_spec, check_transformers),
     )
 }

@@ -22,6 +22,7 @@ from pagedserve.benchmarks.peers.servers import (
     pagedserve_spec,
     server_kinds,
 )
+from pagedserve.benchmarks.suite import DEFAULT_WORKLOADS, WORKLOADS
 from pagedserve.services.ports import free_port
 from pagedserve.services.serve_config import parse_serve_config
 from tests.unit.benchmarks.conftest import MODEL_DIR
@@ -54,6 +55,8 @@ def test_pagedserve_gets_its_own_extra_points(tmp_path):
     plan = SuitePlan(tmp_path, concurrencies=(1, 4, 16), own_concurrencies=(64, 4))
     assert plan.concurrencies_for("pagedserve") == (1, 4, 16, 64)
     assert plan.concurrencies_for("llama.cpp") == (1, 4, 16)
+    assert plan.concurrencies_for("llama.cpp-spec") == (1, 4, 16)
+    assert plan.concurrencies_for("pagedserve-plain") == (1, 4, 16, 64)
     seeds = [plan.seed_for(c) for c in (1, 4, 16, 64)]
     assert not {s + 1 for s in seeds} & set(seeds), "a warm-up seed must never be a point's seed"
     with pytest.raises(ValueError):
@@ -91,6 +94,28 @@ def test_a_given_gguf_is_what_both_servers_run(tmp_path):
     assert llama[llama.index("-m") + 1] == str(gguf)
     with pytest.raises(RuntimeError, match="not the --gguf file"):
         SERVER_KINDS["transformers"].prepare(options)
+
+
+def test_speculation_runs_against_plain_pagedserve_and_both_llama_modes(tmp_path):
+    """`pagedserve` takes --speculative-config, `pagedserve-plain` never; llama.cpp-spec adds its n-gram flags."""
+    config = '{"method": "ngram", "num_speculative_tokens": 4}'
+    options = ServerOptions(MODEL_DIR, tmp_path, speculative_config=config)
+    speculative = SERVER_KINDS["pagedserve"].spec(options, 1).argv
+    assert speculative[speculative.index("--speculative-config") + 1] == config
+    assert parse_serve_config(speculative[4:], environ={}).scheduler.scheduler.speculative_config == config
+    plain = SERVER_KINDS["pagedserve-plain"].spec(options, 1)
+    assert plain.label == "pagedserve-plain" and "--speculative-config" not in plain.argv
+    llama = SERVER_KINDS["llama.cpp"].spec(options, 1).argv
+    llama_speculative = SERVER_KINDS["llama.cpp-spec"].spec(options, 1)
+    assert "--spec-type" not in llama and llama_speculative.label == "llama.cpp-spec"
+    assert llama_speculative.argv[len(llama):] == list(options.llama_spec_args)
+    assert llama_speculative.argv[llama_speculative.argv.index("--spec-type") + 1] == "ngram-simple"
+
+
+def test_the_copy_heavy_workload_runs_on_request_only():
+    copy_heavy = next(w for w in WORKLOADS if w.name == "copy-heavy")
+    assert copy_heavy.args[copy_heavy.args.index("--dataset-name") + 1] == "copy-heavy"
+    assert "copy-heavy" not in DEFAULT_WORKLOADS
 
 
 def _result(points: dict[int, tuple[float, float]]) -> dict:

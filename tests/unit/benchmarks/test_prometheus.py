@@ -72,3 +72,39 @@ def test_missing_counters_are_absent_not_zero():
 def test_text_that_is_not_the_prometheus_format_is_refused():
     with pytest.raises(ValueError):
         parse_prometheus_text("<html><body>Not Found</body></html>")
+
+
+def _spec_exposition(counters) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pagedserve.services.scheduler.spec_decode.metrics import SpecDecodeCollector
+
+    registry = CollectorRegistry()
+    registry.register(SpecDecodeCollector(lambda: (counters, "m")))
+    return generate_latest(registry).decode()
+
+
+def test_speculative_counters_and_acceptance_by_position_from_the_scheduler_exposition():
+    """Deltas of the scheduler's own exposition: drafts, tokens, and per position accepted / drafts verified."""
+    from pagedserve.benchmarks.prometheus import acceptance_by_position
+    from pagedserve.services.scheduler.spec_decode.counters import SpecDecodeCounters
+
+    counters = SpecDecodeCounters()
+    counters.record(4, 4)
+    before = parse_prometheus_text(_spec_exposition(counters))
+    for accepted in (4, 2, 0, 1):
+        counters.record(4, accepted)
+    after = parse_prometheus_text(_spec_exposition(counters))
+    deltas, _ = counter_deltas(before, after)
+    assert deltas["spec_decode_num_drafts"] == 4
+    assert deltas["spec_decode_num_draft_tokens"] == 16
+    assert deltas["spec_decode_num_accepted_tokens"] == 7
+    assert acceptance_by_position(before, after, deltas["spec_decode_num_drafts"]) == [0.75, 0.5, 0.25, 0.25]
+
+
+def test_no_acceptance_by_position_without_speculation():
+    from pagedserve.benchmarks.prometheus import acceptance_by_position
+
+    samples = parse_prometheus_text(VLLM_BEFORE)
+    assert acceptance_by_position(samples, samples, None) is None
+    assert "spec_decode_num_drafts" not in counter_deltas(samples, samples)[0]
