@@ -13,7 +13,6 @@ from pagedserve.services.gateway.tenants.keys_file import Tenant
 from pagedserve.services.gateway.tenants.metrics import TenantMetrics
 from pagedserve.services.gateway.tenants.rate_limit import REDIS_TIMEOUT_S, BucketState, LocalBuckets, RateLimiter
 from pagedserve.services.ports import free_port
-from tests.integration.processes import RedisServer
 
 
 def test_local_buckets_refill_at_limit_per_minute():
@@ -34,14 +33,6 @@ def test_a_refused_take_takes_nothing_from_any_bucket():
 def test_bucket_state_gives_openai_headers():
     state = BucketState("requests", 60, 0.5)
     assert state.remaining == 0 and state.wait_s() == pytest.approx(0.5) and state.reset_s == pytest.approx(59.5)
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path / "redis.log")
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.mark.asyncio

@@ -10,7 +10,6 @@ from pagedserve.services.scheduler.cluster.own_overlap import other_instances, o
 from pagedserve.shared.block_overlap import Overlap, overlaps
 from pagedserve.shared.redis_client import bounded_client
 from pagedserve.shared.replica_keys import prefix_blocks_key, stats_key
-from tests.integration.processes import RedisServer
 
 
 def block(n: int) -> str:
@@ -19,14 +18,6 @@ def block(n: int) -> str:
 
 # a: 1-10; b: 6-15; c: 10-12. Unique: a 1-5 (5 of 10), b 13-15 (3 of 10), c none (0 of 3).
 SETS = {"engine-a": set(range(1, 11)), "engine-b": set(range(6, 16)), "engine-c": {10, 11, 12}}
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = RedisServer(tmp_path / "redis.log")
-    server.start()
-    yield server
-    server.kill()
 
 
 @pytest.mark.asyncio
