@@ -34,6 +34,7 @@ enum { PROJ_INT8 = 0, PROJ_PACKED_F32 = 1, PROJ_PACKED_CODED = 2 };
 /* One projection: which GEMM, its sizes, and its packed tensors in that kernel's argument order. */
 typedef struct {
     int kind, in, out, bits, group; /* group: inputs per scale of coded weights */
+    int base;                       /* int8 5-bit codes: the code of a stored 0 */
     const void *tensors[3]; /* int8: codes, scales, offsets; packed: values(, scales, offsets) */
     const float *bias;      /* or NULL */
 } projection_t;
@@ -44,8 +45,8 @@ typedef struct {
     void *key_cache, *value_cache;
 } layer_t;
 
-typedef int (*int8_linear_fn)(const float *, const void *, const void *, const void *, int, int, const float *,
-                              float *, int, int, int, int);
+typedef int (*int8_linear_fn)(const float *, const void *, const void *, const void *, int, int, int,
+                              const float *, float *, int, int, int, int);
 typedef int (*packed_f32_fn)(const float *, const void *, const float *, float *, int, int, int, int);
 typedef int (*packed_coded_fn)(const float *, const void *, const void *, const void *, int, int, const float *,
                                float *, int, int, int, int);
@@ -85,7 +86,8 @@ static int project(const kernels_t *k, const projection_t *p, const float *x, fl
     const void *const *t = p->tensors;
     switch (p->kind) {
     case PROJ_INT8:
-        return k->int8_linear(x, t[0], t[1], t[2], p->bits, p->group, p->bias, y, rows, p->in, p->out, threads);
+        return k->int8_linear(x, t[0], t[1], t[2], p->bits, p->group, p->base, p->bias, y, rows, p->in, p->out,
+                              threads);
     case PROJ_PACKED_F32:
         return k->packed_f32(x, t[0], p->bias, y, rows, p->in, p->out, threads);
     default:

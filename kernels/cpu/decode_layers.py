@@ -22,7 +22,7 @@ INT8, PACKED_F32, PACKED_CODED = 0, 1, 2  # decode_layers.c's projection kinds
 
 class _Projection(ctypes.Structure):
     _fields_ = [("kind", _int), ("in_features", _int), ("out_features", _int), ("bits", _int),
-                ("group", _int), ("tensors", _ptr * 3), ("bias", _ptr)]
+                ("group", _int), ("base", _int), ("tensors", _ptr * 3), ("bias", _ptr)]
 
 
 class _Layer(ctypes.Structure):
@@ -97,8 +97,9 @@ def _address(entry) -> int:
 
 def _projection(p: Projection) -> _Projection:
     w = p.weight
+    base = 0
     if isinstance(w, Int8Weight):
-        kind, bits, group, tensors = INT8, w.bits, w.group, w.tensors()
+        kind, bits, group, base, tensors = INT8, w.bits, w.group, w.base, w.tensors()
     else:
         kind, bits, group = (PACKED_F32, 32, 32) if w.bits == 32 else (PACKED_CODED, w.bits, w.group)
         tensors = tuple(t for t in (w.values, w.scales, w.offsets) if t is not None)
@@ -106,7 +107,7 @@ def _projection(p: Projection) -> _Projection:
         raise ValueError("projection biases must be contiguous fp32")
     pointers = (_ptr * 3)(*(t.data_ptr() for t in tensors))
     bias = 0 if p.bias is None else p.bias.data_ptr()
-    return _Projection(kind, w.in_features, w.out_features, bits, group, pointers, bias)
+    return _Projection(kind, w.in_features, w.out_features, bits, group, base, pointers, bias)
 
 
 class DecodeLayers:

@@ -1,6 +1,7 @@
 /* y = x @ w.T (+ bias) for weights that are 4-bit grids (w = q * scale + offset per column and GROUP = 32 inputs,
- * as in a model dequantized from GGUF Q4_1: the default model) or 8-bit ones (signed codes, scale and offset per
- * 32 or 16 inputs: GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K), with x quantized to int8 per row and 32 inputs.
+ * as in a model dequantized from GGUF Q4_1: the default model), 8-bit ones (signed codes, scale and offset per
+ * 32 or 16 inputs: GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K) or 5-bit ones (codes u + base, u in [0, 31], per 32
+ * inputs: GGUF Q5_0 with base -16, Q5_1 / Q5_K with base 0), with x quantized to int8 per row and 32 inputs.
  *
  * Each row's group of 32 inputs becomes a = round(x / s) in [-127, 127] with s = max|x| / 127, so that
  *   y[r][c] = sum over groups g of s[r][g] * (scale[c][g] * (q[c] . a[r]) + offset[c][g] * sum(a[r]))
@@ -25,13 +26,22 @@
  * vpmaddwd widens each 4-input sum to 32 bits. Both give the exact integer dot product of each weight group, scaled
  * as the 4-bit one is, so the two paths agree bit for bit.
  *
+ * 5-bit codes hold the same integers as 8-bit ones in 5 bits a weight: the 4-bit layout's nibbles plus one plane of
+ * fifth bits, expanded to bytes in registers (AVX512: one 64-bit mask a quad, a masked add of 16; AVX2: a shuffle
+ * and a compare), then multiplied as unsigned u (vpdpbusd, or vpmaddubsw with pairs of at most 2 * 31 * 127) and
+ * corrected by base * the group's sum of a: the exact dot product, scaled as the 8-bit codes' is, so a weight gives
+ * the same numbers bit for bit in either layout.
+ *
  * Layouts (contiguous): x [rows, in] fp32 (in % 32 == 0), bias [out] fp32 or NULL, y [rows, out] fp32. For panels of
  * PANEL = 16 columns (out padded to whole panels with zero codes and scales): 4-bit codes [panels, in / 4, 32] uint8,
  * byte 4j + i of quad t holding column j's input 4t + i in its low nibble and column j + 8's in its high one;
- * 8-bit codes [panels, in / 4, 64] int8, byte 4j + i of quad t holding column j's input 4t + i; scales and
- * offsets [panels, in / group, 16] fp32 (group 32; 16 or 32 for 8-bit codes).
- * Entry point: int8_linear_coded (bits 4 or 8, group; packed_linear_coded's argument order). Returns 0, 2 when out of
- * memory, 3 for bits / group it does not take. Needs AVX2 (the build fails without it).
+ * 8-bit codes [panels, in / 4, 64] int8, byte 4j + i of quad t holding column j's input 4t + i; 5-bit codes
+ * [panels, in / 32, 320] uint8, per group the 4-bit layout of u & 15 for its 8 quads (256 bytes) then each quad's
+ * fifth bits as a little-endian 64-bit word (bit 4j + i: column j in 0-15, input 4t + i); scales and offsets
+ * [panels, in / group, 16] fp32 (group 32; 16 or 32 for 8-bit codes).
+ * Entry point: int8_linear_coded (bits 4, 5 or 8, group, base; packed_linear_coded's argument order with base
+ * after group). Returns 0, 2 when out of memory, 3 for bits / group it does not take. Needs AVX2 (the build fails
+ * without it).
  */
 #include <immintrin.h>
 #include <math.h>
@@ -55,9 +65,10 @@
 #define INLINE static inline __attribute__((always_inline))
 
 typedef struct {
-    const uint8_t *codes; /* [panels, in / 4, 32] (4 bits) or [panels, in / 4, 64] (8 bits) */
+    const uint8_t *codes; /* [panels, in / 4, 32] (4 bits), [panels, in / 32, 320] (5), [panels, in / 4, 64] (8) */
     const float *scales, *offsets; /* [panels, in / group, 16] */
     int bits, group;
+    int base; /* 5-bit codes: the code of a stored 0 (c = u + base) */
 } weights_t;
 
 typedef struct {
@@ -353,29 +364,123 @@ static void tile8(const quantized_t *x, int row0, int rows, const weights_t *wt,
     }
 }
 
+/* 5-bit codes (GGUF Q5_0 / Q5_1 / Q5_K: c = u + base, u in [0, 31], base -16 or 0), group 32. Per group of 32
+ * inputs: the 4-bit layout's 8 quads of nibbles (256 bytes: byte 4j + i of quad t, column j's u & 15 in the low
+ * nibble and column j + 8's in the high one), then each quad's fifth bits as a little-endian 64-bit word (64 bytes):
+ * bit 4j + i holds column j's (j in 0-15) fifth bit of input 4t + i, i.e. bit m belongs to byte m of the quad's
+ * codes widened to [columns 0-7 | columns 8-15]. The exact dot product of a weight group is u . a + base * sum(a),
+ * scaled as the 8-bit codes' is: a 5-bit weight gives the numbers its 8-bit codes give, bit for bit. */
+#define FIVE_BIT_GROUP_BYTES 320 /* 256 bytes of nibbles + 8 quads' 64-bit fifth-bit words */
+
+/* One quad's 32 codes of columns 0-7 (h 0) or 8-15 (h 1) with AVX2: the nibbles, and the fifth bits of the quad's
+ * 64-bit word spread to bytes (byte 4j + i takes word byte 4h + j / 2, keeps its bit 4 (j % 2) + i) as 16s. */
+INLINE __m256i codes5_avx2(__m256i nibbles, __m256i word, __m256i pick, __m256i bit) {
+    const __m256i high = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(word, pick), bit), bit);
+    return _mm256_or_si256(nibbles, _mm256_and_si256(high, _mm256_set1_epi8(16)));
+}
+
+/* `rows` (a constant in each caller, at most TILE8_ROWS) quantized rows through panel p of 5-bit codes with AVX2:
+ * per 4 inputs the codes u of columns 0-7 and 8-15 expanded in two registers, and per row the 4 activations
+ * broadcast, multiplied into pairs (vpmaddubsw: u unsigned, at most 2 * 31 * 127) and widened into 32-bit sums. */
+INLINE void tile5_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
+                       int out, int64_t p, const int rows) {
+    const int groups = in / GROUP;
+    const __m256i ones = _mm256_set1_epi16(1), nibble = _mm256_set1_epi8(0x0F);
+    const __m256i pick0 = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                           2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i pick1 = _mm256_add_epi8(pick0, _mm256_set1_epi8(4));
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    const uint8_t *w = wt->codes + p * (int64_t)groups * FIVE_BIT_GROUP_BYTES;
+    const float *sc = wt->scales + p * groups * PANEL, *of = wt->offsets + p * groups * PANEL;
+    const int8_t *q = x->q + (int64_t)row0 * in;
+    __m256 acc[TILE8_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int g = 0; g < groups; g++, w += FIVE_BIT_GROUP_BYTES) {
+        __m256i dot[TILE8_ROWS][2];
+        for (int r = 0; r < rows; r++) dot[r][0] = dot[r][1] = _mm256_setzero_si256();
+        for (int t = 0; t < GROUP / 4; t++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(w + 32 * t));
+            int64_t fifth;
+            memcpy(&fifth, w + 256 + 8 * t, sizeof fifth);
+            const __m256i word = _mm256_set1_epi64x(fifth);
+            const __m256i u0 = codes5_avx2(_mm256_and_si256(packed, nibble), word, pick0, bit);
+            const __m256i u1 = codes5_avx2(_mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble), word, pick1, bit);
+            for (int r = 0; r < rows; r++) {
+                int32_t four;
+                memcpy(&four, q + (int64_t)r * in + g * GROUP + 4 * t, sizeof four);
+                const __m256i a = _mm256_set1_epi32(four);
+                dot[r][0] = _mm256_add_epi32(dot[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(u0, a), ones));
+                dot[r][1] = _mm256_add_epi32(dot[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(u1, a), ones));
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            const float s = x->scale[(int64_t)(row0 + r) * groups + g];
+            const int total = group_sum(x, row0 + r, in, g, GROUP);
+            const __m256 sum = _mm256_set1_ps(s * (float)total);
+            const __m256i based = _mm256_set1_epi32(wt->base * total);
+            for (int h = 0; h < 2; h++) {
+                const __m256i exact = _mm256_add_epi32(dot[r][h], based);
+                const __m256 d = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_set1_ps(s));
+                acc[r][h] = _mm256_fmadd_ps(d, _mm256_loadu_ps(sc + g * PANEL + 8 * h), acc[r][h]);
+                acc[r][h] = _mm256_fmadd_ps(_mm256_loadu_ps(of + g * PANEL + 8 * h), sum, acc[r][h]);
+            }
+        }
+    }
+    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
+    for (int r = 0; r < rows; r++) {
+        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
+        _mm256_storeu_ps(sums, acc[r][0]);
+        _mm256_storeu_ps(sums + 8, acc[r][1]);
+        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
+    }
+}
+
+static void tile5(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y, int in,
+                  int out, int64_t p) {
+    switch (rows) {
+    case 1: tile5_rows(x, row0, wt, bias, y, in, out, p, 1); break;
+    case 2: tile5_rows(x, row0, wt, bias, y, in, out, p, 2); break;
+    case 3: tile5_rows(x, row0, wt, bias, y, in, out, p, 3); break;
+    default: tile5_rows(x, row0, wt, bias, y, in, out, p, 4); break;
+    }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-/* `rows` (a constant in each caller, at most VNNI_ROWS) quantized rows through panel p of 8-bit codes with
- * AVX512-VNNI: each quad's 64 bytes (16 columns x 4 inputs) xor 0x80 are the codes + 128 as unsigned bytes;
- * vpdpbusd adds each row's 4-input products into 32-bit sums, and 128 x the group's sum of a is taken off after:
- * the exact dot product tile8 gets, scaled the same way. */
-INLINE void tile8_vnni_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
-                            int out, int64_t p, const int rows) {
-    const int group = wt->group, wgroups = in / group, groups = in / GROUP;
-    const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const int64_t panel_bytes = (int64_t)(in / 4) * 64;
+/* `rows` (a constant in each caller, at most VNNI_ROWS) quantized rows through panel p of 8- or 5-bit codes (`bits`,
+ * a constant too) with AVX512-VNNI. 8 bits: each quad's 64 bytes (16 columns x 4 inputs) xor 0x80 are the codes +
+ * 128 as unsigned bytes, and 128 x the group's sum of a is taken off after. 5 bits: each quad's 32 bytes of nibbles
+ * widened to [low nibbles | high nibbles] as in tile_vnni, plus 16 in the bytes its 64-bit word of fifth bits marks
+ * (one masked add), and base x the sum of a added after. vpdpbusd adds each row's 4-input products into 32-bit
+ * sums: the exact dot product tile8 / tile5 get, scaled the same way. */
+INLINE void wide_vnni_rows(const quantized_t *x, int row0, const weights_t *wt, const float *bias, float *y, int in,
+                           int out, int64_t p, const int rows, const int bits) {
+    const int group = bits == 5 ? GROUP : wt->group, wgroups = in / group, groups = in / GROUP;
+    const int group_bytes = bits == 5 ? FIVE_BIT_GROUP_BYTES : group * 16, correction = bits == 5 ? wt->base : -128;
+    const __m512i flip = _mm512_set1_epi8((char)0x80), nibble = _mm512_set1_epi8(0x0F);
+    const __m512i sixteen = _mm512_set1_epi8(16), shift = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    const int64_t panel_bytes = (int64_t)wgroups * group_bytes;
     const uint8_t *w = wt->codes + p * panel_bytes;
     const float *sc = wt->scales + p * wgroups * PANEL, *of = wt->offsets + p * wgroups * PANEL;
     const int8_t *q = x->q + (int64_t)row0 * in;
     __m512 acc[VNNI_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int k = 0; k < wgroups; k++) {
+    for (int k = 0; k < wgroups; k++, w += group_bytes) {
         __m512i dot[VNNI_ROWS];
         for (int r = 0; r < rows; r++) dot[r] = _mm512_setzero_si512();
-        for (int b = 0; b < group * 16; b += 64) __builtin_prefetch(w + panel_bytes + b); /* the next panel's group */
+        for (int b = 0; b < group_bytes; b += 64) __builtin_prefetch(w + panel_bytes + b); /* the next panel's */
         __builtin_prefetch(sc + (wgroups + k) * PANEL);
         __builtin_prefetch(of + (wgroups + k) * PANEL);
-        for (int t = 0; t < group / 4; t++, w += 64) {
-            const __m512i codes = _mm512_xor_si512(_mm512_loadu_si512((const void *)w), flip);
+        for (int t = 0; t < group / 4; t++) {
+            __m512i codes;
+            if (bits == 5) {
+                const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 32 * t)));
+                const __m512i low = _mm512_and_si512(_mm512_srlv_epi64(both, shift), nibble);
+                uint64_t fifth;
+                memcpy(&fifth, w + 256 + 8 * t, sizeof fifth);
+                codes = _mm512_mask_add_epi8(low, _cvtu64_mask64(fifth), low, sixteen);
+            } else {
+                codes = _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + 64 * t)), flip);
+            }
             for (int r = 0; r < rows; r++) {
                 int32_t four;
                 memcpy(&four, q + (int64_t)r * in + k * group + 4 * t, sizeof four);
@@ -387,7 +492,7 @@ INLINE void tile8_vnni_rows(const quantized_t *x, int row0, const weights_t *wt,
         for (int r = 0; r < rows; r++) {
             const float s = x->scale[(int64_t)(row0 + r) * groups + g];
             const int total = group_sum(x, row0 + r, in, k, group);
-            const __m512i exact = _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * total));
+            const __m512i exact = _mm512_add_epi32(dot[r], _mm512_set1_epi32(correction * total));
             const __m512 d = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), _mm512_set1_ps(s));
             acc[r] = _mm512_fmadd_ps(d, scale, acc[r]);
             acc[r] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s * (float)total), acc[r]);
@@ -402,23 +507,28 @@ INLINE void tile8_vnni_rows(const quantized_t *x, int row0, const weights_t *wt,
     }
 }
 
-static void tile8_vnni(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y,
-                       int in, int out, int64_t p) {
-    switch (rows) {
-    case 1: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 1); break;
-    case 2: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 2); break;
-    case 3: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 3); break;
-    case 4: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 4); break;
-    case 5: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 5); break;
-    case 6: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 6); break;
-    case 7: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 7); break;
-    default: tile8_vnni_rows(x, row0, wt, bias, y, in, out, p, 8); break;
+#define WIDE_VNNI(NAME, BITS)                                                                                      \
+    static void NAME(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y,    \
+                     int in, int out, int64_t p) {                                                                 \
+        switch (rows) {                                                                                            \
+        case 1: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 1, BITS); break;                                  \
+        case 2: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 2, BITS); break;                                  \
+        case 3: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 3, BITS); break;                                  \
+        case 4: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 4, BITS); break;                                  \
+        case 5: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 5, BITS); break;                                  \
+        case 6: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 6, BITS); break;                                  \
+        case 7: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 7, BITS); break;                                  \
+        default: wide_vnni_rows(x, row0, wt, bias, y, in, out, p, 8, BITS); break;                                 \
+        }                                                                                                          \
     }
-}
+WIDE_VNNI(tile8_vnni, 8)
+WIDE_VNNI(tile5_vnni, 5)
 #define TILE8 tile8_vnni
+#define TILE5 tile5_vnni
 #define ROWS_PER_TILE8 VNNI_ROWS
 #else
 #define TILE8 tile8
+#define TILE5 tile5
 #define ROWS_PER_TILE8 TILE8_ROWS
 #endif
 
@@ -470,9 +580,44 @@ static void dequantize_strip8(const weights_t *wt, const outliers_t *o, int in, 
     }
 }
 
+/* The same from 5-bit codes: input k's nibbles as from 4-bit codes, its fifth bits bit 4j + k % 4 of the quad's
+ * word (column j), plus the base: the codes 8-bit codes hold, so the same fp32 weights. */
+static void dequantize_strip5(const weights_t *wt, const outliers_t *o, int in, int c0, int width, float *w) {
+    const int groups = in / GROUP;
+    const __m256i nibble = _mm256_set1_epi32(0x0F), one = _mm256_set1_epi32(1), base = _mm256_set1_epi32(wt->base);
+    const __m256i columns = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    for (int u = 0; u < o->count; u++) {
+        const int k = o->channels[u], t = k % GROUP / 4;
+        const __m128i shift = _mm_cvtsi32_si128(8 * (k % 4));
+        const __m256i at = _mm256_add_epi32(columns, _mm256_set1_epi32(k % 4));
+        for (int c = 0; c < width; c += PANEL) {
+            const int64_t p = (c0 + c) / PANEL;
+            const uint8_t *group = wt->codes + (p * groups + k / GROUP) * FIVE_BIT_GROUP_BYTES;
+            const __m256i lanes = _mm256_srl_epi32(_mm256_loadu_si256((const __m256i *)(group + 32 * t)), shift);
+            uint64_t fifth;
+            memcpy(&fifth, group + 256 + 8 * t, sizeof fifth);
+            const float *sc = wt->scales + (p * groups + k / GROUP) * PANEL;
+            const float *of = wt->offsets + (p * groups + k / GROUP) * PANEL;
+            for (int h = 0; h < 2; h++) {
+                const __m256i low = _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * h), nibble);
+                const __m256i word = _mm256_set1_epi32((int32_t)(uint32_t)(fifth >> (32 * h)));
+                const __m256i high = _mm256_and_si256(_mm256_srlv_epi32(word, at), one);
+                const __m256i code = _mm256_add_epi32(_mm256_add_epi32(low, _mm256_slli_epi32(high, 4)), base);
+                _mm256_storeu_ps(w + u * STRIP + c + 8 * h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(code),
+                                                                           _mm256_loadu_ps(sc + 8 * h),
+                                                                           _mm256_loadu_ps(of + 8 * h)));
+            }
+        }
+    }
+}
+
 static void dequantize_strip(const weights_t *wt, const outliers_t *o, int in, int c0, int width, float *w) {
     if (wt->bits == 8) {
         dequantize_strip8(wt, o, in, c0, width, w);
+        return;
+    }
+    if (wt->bits == 5) {
+        dequantize_strip5(wt, o, in, c0, width, w);
         return;
     }
     const int groups = in / GROUP;
@@ -564,7 +709,7 @@ static int run(const float *x, const weights_t *wt, const float *bias, float *y,
     }
     int32_t *ints = (int32_t *)(side + 3 * sides);
     const quantized_t qx = {q, side, side + sides, ints + sides, ints, side + 2 * sides, ints + sides + rows};
-    const int tile_rows = wt->bits == 8 ? ROWS_PER_TILE8 : ROWS_PER_TILE;
+    const int tile_rows = wt->bits == 4 ? ROWS_PER_TILE : ROWS_PER_TILE8; /* 5 bits: 8-bit codes' tiles */
     /* Work items of BLOCK_ROWS rows x `chunk` panels, handed out as threads come free: a thread that the OS
      * preempts (the gateway and scheduler share these cores) holds up one item, not a fixed half of the work. */
     const int threads = num_threads > 0 ? num_threads : 1, per_thread = ITEMS_PER_THREAD * threads;
@@ -586,6 +731,8 @@ static int run(const float *x, const weights_t *wt, const float *bias, float *y,
                 for (int p = p0; p < p1; p++) {
                     if (wt->bits == 8)
                         TILE8(&qx, r, n, wt, bias, y, in, out, p);
+                    else if (wt->bits == 5)
+                        TILE5(&qx, r, n, wt, bias, y, in, out, p);
                     else
                         TILE(&qx, r, n, wt, bias, y, in, out, p);
                 }
@@ -601,10 +748,12 @@ static int run(const float *x, const weights_t *wt, const float *bias, float *y,
     return failed ? 2 : 0;
 }
 
-/* bits 4 (group 32) or 8 (group 16 or 32), with packed_linear_coded's argument order. */
+/* bits 4 or 5 (group 32) or 8 (group 16 or 32), with packed_linear_coded's argument order and `base` (5-bit codes:
+ * -16 or 0; else ignored) after `group`. */
 int int8_linear_coded(const float *x, const uint8_t *codes, const float *scales, const float *offsets, int bits,
-                      int group, const float *bias, float *y, int rows, int in, int out, int num_threads) {
-    if (!((bits == 4 && group == GROUP) || (bits == 8 && (group == 16 || group == GROUP))) || in % GROUP) return 3;
-    const weights_t wt = {codes, scales, offsets, bits, group};
+                      int group, int base, const float *bias, float *y, int rows, int in, int out, int num_threads) {
+    const int four_or_five = (bits == 4 || bits == 5) && group == GROUP;
+    if (!(four_or_five || (bits == 8 && (group == 16 || group == GROUP))) || in % GROUP) return 3;
+    const weights_t wt = {codes, scales, offsets, bits, group, bits == 5 ? base : 0};
     return run(x, &wt, bias, y, rows, in, out, num_threads);
 }

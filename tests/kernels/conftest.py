@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 # Must happen before the first `import triton`: @triton.jit picks interpreter or compiler when a kernel is defined.
@@ -16,6 +17,9 @@ import pytest
 import torch
 from triton.runtime.interpreter import InterpretedFunction
 
+from pagedserve.kernels.cpu.build import FLAGS, cached_library
+from pagedserve.kernels.cpu.int8_linear import Int8Linear
+
 
 @pytest.fixture(scope="session")
 def device() -> torch.device:
@@ -28,3 +32,10 @@ def device() -> torch.device:
     if not interpreted and not torch.cuda.is_available():
         raise RuntimeError("TRITON_INTERPRET is not 1 but no CUDA device is present")
     return torch.device("cpu" if interpreted else "cuda")
+
+
+@pytest.fixture(scope="session")
+def avx2_kernel(tmp_path_factory: pytest.TempPathFactory) -> Int8Linear:
+    """int8_linear.c built without AVX512-VNNI: its AVX2 tiles, whatever this CPU has."""
+    folder = tmp_path_factory.mktemp("avx2-kernels")
+    return Int8Linear(ctypes.CDLL(str(cached_library("int8_linear", folder, (*FLAGS, "-mno-avx512vnni")))))

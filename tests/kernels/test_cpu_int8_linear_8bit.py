@@ -1,10 +1,8 @@
 """The C int8 GEMM on 8-bit grid weights (kernels/cpu/int8_linear.c: GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K codes)
 against a float64 model of its scheme and against the exact product; its AVX2 path (built without AVX512-VNNI)
-against the one this CPU runs."""
+against the one this CPU runs (the avx2_kernel fixture: conftest.py)."""
 
 from __future__ import annotations
-
-import ctypes
 
 import numpy as np
 import pytest
@@ -12,7 +10,6 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from pagedserve.kernels.cpu.build import FLAGS, cached_library
 from pagedserve.kernels.cpu.int8_linear import PANEL, Int8Linear, pack_grid, supports
 from pagedserve.kernels.cpu.weight_grid import WeightGrid, find_grid
 from pagedserve.services.gpu_worker.gguf.blocks import grid_from_blocks
@@ -107,13 +104,6 @@ def test_each_row_is_the_same_whatever_the_row_count() -> None:
     whole = kernel(x, packed, None)
     for start, stop in ((0, 1), (7, 20), (90, 150), (149, 150)):
         assert torch.equal(kernel(x[start:stop], packed, None), whole[start:stop])
-
-
-@pytest.fixture(scope="module")
-def avx2_kernel(tmp_path_factory: pytest.TempPathFactory) -> Int8Linear:
-    """int8_linear.c built without AVX512-VNNI: its AVX2 tiles, whatever this CPU has."""
-    folder = tmp_path_factory.mktemp("avx2-kernels")
-    return Int8Linear(ctypes.CDLL(str(cached_library("int8_linear", folder, (*FLAGS, "-mno-avx512vnni")))))
 
 
 @pytest.mark.parametrize(("bits", "group"), [(4, 32), (8, 32), (8, 16)])

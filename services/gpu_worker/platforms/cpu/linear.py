@@ -1,9 +1,10 @@
 """The CPU platform's linear kernels, chosen per layer at load.
 
 fp32 weights go to the C GEMMs of kernels/cpu on weights packed once: the int8 GEMM for exact 4-bit grids and 8-bit
-ones (GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K codes) when `int8_activations` (inputs quantized to int8 per row and 32
-inputs), else the packed fp32 GEMM (grids packed as their codes). Each output is one in-order sum whatever the row
-count, so every row gets the same numbers in any step.
+ones (GGUF Q5_0 / Q5_1 / Q5_K / Q8_0 / Q6_K codes; those whose codes fit 5 bits, GGUF Q5_x, packed as 5-bit codes)
+when `int8_activations` (inputs quantized to int8 per row and 32 inputs), else the packed fp32 GEMM (grids packed as
+their codes). Each output is one in-order sum whatever the row count, so every row gets the same numbers in any
+step.
 
 16-bit weights: a row's numbers may depend on the product that computes it, so rows are routed by the step's
 StepRows. Prompt rows take the prompt product, whose per-row result depends on nothing else in the call: F.linear
