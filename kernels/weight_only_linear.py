@@ -1,12 +1,13 @@
 """Weight-only quantized GEMMs: y = x @ dequant(W).T (+ bias), W kept packed (weight_only_formats.py) and decoded
 tile by tile in registers, never written out dequantized.
 
-Contracts: x [M, K] with a unit last stride (fp16 / bf16 on a GPU, fp32 too); y [M, N] in x's dtype; products
-accumulate in fp32, and a decoded tile is cast to x's dtype before its dot (exact for e4m3 in fp16 / bf16, one
-rounding of code * scale + offset for int4). Int4: K a multiple of 32. FP8: any K; the row scale multiplies the
-fp32 sum. One program per BLOCK_M x BLOCK_N output tile, looping over K in BLOCK_K steps; tile sizes are
-constexprs (tl.dot needs each >= 16). Built for small M (decode steps): the caller (the CUDA platform's
-WeightOnlyLinear) switches to a dequantize-then-F.linear fallback above its row threshold.
+Contracts: x [M, K] (fp16 / bf16 on a GPU, fp32 too; strided rows are read in place, a non-unit last stride is
+copied); y [M, N] in x's dtype; products accumulate in fp32, and a decoded tile is cast to x's dtype before its
+dot (exact for e4m3 in fp16 / bf16, one rounding of code * scale + offset for int4). Int4: K a multiple of 32.
+FP8: any K; the row scale multiplies the fp32 sum. One program per BLOCK_M x BLOCK_N output tile, looping over K
+in BLOCK_K steps; tile sizes are constexprs (tl.dot needs each >= 16). Built for small M (decode steps): the
+caller (the CUDA platform's WeightOnlyLinear) switches to a dequantize-then-F.linear fallback above its row
+threshold.
 """
 
 from __future__ import annotations
@@ -87,16 +88,17 @@ def _fp8_linear_kernel(x_ptr, bits_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, s
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-def _check(x: torch.Tensor, in_features: int) -> None:
-    if x.dim() != 2 or x.shape[1] != in_features or (x.shape[0] > 1 and x.stride(1) != 1):
-        raise ValueError(f"x {tuple(x.shape)} is not [rows, {in_features}] with a unit last stride")
+def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x checked to be [rows, in_features], with a unit last stride (copied where it has none)."""
+    if x.dim() != 2 or x.shape[1] != in_features:
+        raise ValueError(f"x {tuple(x.shape)} is not [rows, {in_features}]")
+    return x if x.stride(1) == 1 else x.contiguous()
 
 
 def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ dequant(weight).T (+ bias) -> [M, N] in x's dtype."""
     out_features, in_features = weight.shape
-    _check(x, in_features)
-    x = x if x.stride(1) == 1 else x.contiguous()
+    x = _rows(x, in_features)
     out = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
     if x.shape[0] == 0:
         return out
@@ -113,8 +115,7 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None =
 def fp8_linear(x: torch.Tensor, weight: FP8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] @ (e4m3(weight.bits) * weight.scale[:, None]).T (+ bias) -> [M, N] in x's dtype."""
     out_features, in_features = weight.shape
-    _check(x, in_features)
-    x = x if x.stride(1) == 1 else x.contiguous()
+    x = _rows(x, in_features)
     out = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
     if x.shape[0] == 0:
         return out

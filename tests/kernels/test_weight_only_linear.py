@@ -93,6 +93,12 @@ def test_int4_linear_reads_strided_rows(device) -> None:
            torch.float32)
 
 
+def test_linear_refuses_a_mismatched_input(device) -> None:
+    weight = Int4Weight.from_grid(_grid(8, 64, seed=14)).to(device)
+    with pytest.raises(ValueError, match=r"is not \[rows, 64\]"):
+        int4_linear(torch.zeros(2, 32, device=device), weight)
+
+
 def test_fp8_dequantize_is_torchs_float8_arithmetic() -> None:
     weight = (torch.randn(6, 40, generator=_gen(8)) * 30).to(torch.float8_e4m3fn)
     scale = torch.rand(6, 1, generator=_gen(9))
