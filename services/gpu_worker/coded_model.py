@@ -73,7 +73,8 @@ def _dequantize_untaken(state: Mapping[str, Weight], platform: Platform, dtype: 
         size = dtype.itemsize * sum(g.codes.numel() for g in {id(g): g for g in untaken.values()}.values())
         log.info("dequantizing %d of %s's quantized weights to %s (%.1f MiB): this platform's kernels take no "
                  "such grids", len(untaken), source, dtype, size / 2**20)
-    return {k: dequantize(untaken[k]) if k in untaken else w for k, w in state.items()}
+    dense = {id(g): dequantize(g) for g in untaken.values()}  # a tied head's grid once
+    return {k: dense[id(w)] if k in untaken else w for k, w in state.items()}
 
 
 def _is_grid(key: str, linears: dict[str, Linear]) -> bool:

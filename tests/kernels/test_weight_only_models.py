@@ -13,6 +13,7 @@ from pagedserve.kernels.weight_only_formats import FP8Weight, Int4Weight
 from pagedserve.services.gpu_worker.layers.linear import PlainLinear
 from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 from pagedserve.services.gpu_worker.platforms.cuda_linear import TRITON_MAX_ROWS, WeightOnlyLinear
+from tests.unit.gpu_worker.tiny_gguf import MIXED, write_tiny_gguf
 from tests.unit.gpu_worker.tiny_models import PagedModel
 from tests.unit.gpu_worker.tiny_quantized import write_awq, write_fp8, write_gptq
 
@@ -51,6 +52,20 @@ def test_cuda_bindings_dequantize_an_act_order_gptq_checkpoint(device, tmp_path)
     reference, _ = write_gptq("qwen2", tmp_path, act_order=True)
     paged = PagedModel(tmp_path, platform=CudaPlatform(device), backend="triton")
     assert all(isinstance(m.kernel, PlainLinear) for m in paged.model.linears())
+    _assert_matches(paged, reference)
+
+
+def test_cuda_bindings_run_a_gguf_mix_4bit_grids_packed_the_rest_dequantized(device, tmp_path) -> None:
+    """A Q4_K_M-like GGUF: Q4_K projections (4-bit, groups of 32) run packed; q|k|v with a Q6_K v, the Q6_K
+    down projection and the Q8_0 embedding are dequantized at load."""
+    reference = write_tiny_gguf("llama", tmp_path, MIXED)
+    paged = PagedModel(tmp_path, platform=CudaPlatform(device), backend="triton")
+    layer = paged.model.layers[0]
+    assert isinstance(layer.self_attn.o_proj.kernel, WeightOnlyLinear)
+    assert isinstance(layer.mlp.gate_up_proj.kernel, WeightOnlyLinear)
+    assert isinstance(layer.self_attn.qkv_proj.kernel, PlainLinear)
+    assert isinstance(layer.mlp.down_proj.kernel, PlainLinear)
+    assert isinstance(paged.model.embed_tokens, torch.nn.Embedding)
     _assert_matches(paged, reference)
 
 
