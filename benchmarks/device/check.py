@@ -3,7 +3,8 @@
 Sections run in priority order, each in a time box (a section stops starting items when its box is spent; a
 SIGALRM a little after it stops one stuck inside an item), each printing its rows and rewriting the results file
 as it goes: environment and a graph-capture probe (a failed probe skips the graph runs), smoke tests, attention
-kernels against SDPA's FLASH and cuDNN backends, the fused layer kernels, the engine on the SmolLM2-135M and
+kernels against SDPA's FLASH and cuDNN backends, the fused layer kernels, the weight-only quantized GEMMs
+(int4 / FP8: correctness and their row threshold's timings), the engine on the SmolLM2-135M and
 Llama-3.2-1B shapes (dummy weights) with graphs on and off, the transformers StaticCache + CUDA graph baseline,
 and the table of the issue's targets. `--cpu-dry-run` runs every section on CPU at toy sizes (TRITON_INTERPRET=1)
 to prove the plumbing; what cannot run there at all says `needs cuda`.
@@ -30,13 +31,23 @@ class SectionTimeout(Exception):
 
 def _sections() -> list[tuple[str, Callable, float, float]]:
     """(name, run, box on cuda in s, box in a dry run in s), in priority order; imported after the env is set."""
-    from pagedserve.benchmarks.device import attention, engine, environment, fused, hf_baseline, smoke, targets
+    from pagedserve.benchmarks.device import (
+        attention,
+        engine,
+        environment,
+        fused,
+        hf_baseline,
+        smoke,
+        targets,
+        weight_only,
+    )
 
     return [
         ("environment", environment.run, 25, 4),
         ("smoke tests", smoke.run, 90, 35),
         ("attention kernels", attention.run, 100, 8),
         ("fused kernels", fused.run, 25, 5),
+        ("weight-only GEMMs", weight_only.run, 25, 3),
         ("engine", engine.run, 150, 15),
         ("transformers baseline", hf_baseline.run, 50, 6),
         ("targets", targets.run, 5, 3),

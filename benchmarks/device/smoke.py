@@ -14,7 +14,7 @@ from pagedserve.benchmarks.device.context import Section
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 CUDA_SELECTION = [
     ["tests/kernels/test_fused_layer_kernels.py", "tests/kernels/test_cache_write.py",
-     "tests/kernels/test_triton_backend.py"],
+     "tests/kernels/test_triton_backend.py", "tests/kernels/test_weight_only_linear.py"],
     ["tests/unit/gpu_worker/test_logits_vs_transformers.py", "-k", "triton and llama and not llama3"],
 ]
 GRAPH_TESTS = "tests/unit/gpu_worker/test_*graph*.py"  # the CUDA graph runner's tests, where this build has them

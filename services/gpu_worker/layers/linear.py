@@ -12,6 +12,7 @@ from pagedserve.services.gpu_worker.step_rows import StepRows
 
 if TYPE_CHECKING:
     from pagedserve.kernels.cpu.weight_grid import WeightGrid
+    from pagedserve.kernels.weight_only_formats import FP8Weight
 
 Product = Callable[[torch.Tensor], torch.Tensor]  # x [rows, in] -> x @ weight.T (+ bias), for one bound weight
 
@@ -24,7 +25,8 @@ class LinearKernel(Protocol):
 class Linear(torch.nn.Module):
     """y = x @ weight.T (+ bias) through `kernel`, bound by the platform once the weights are loaded. A GGUF
     checkpoint's quantized weight comes as `grid` instead (weight stays on the meta device) for a platform that
-    takes grids (Platform.takes_weight_grids); binding drops it."""
+    takes grids (Platform.takes_weight_grids / takes_linear_grid), an FP8 checkpoint's as `fp8` for a platform
+    that keeps them (Platform.keeps_fp8_weights); binding drops them."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
@@ -34,6 +36,7 @@ class Linear(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.empty(out_features, dtype=dtype, device="meta"),
                                        requires_grad=False) if bias else None
         self.grid: WeightGrid | None = None
+        self.fp8: FP8Weight | None = None
         self.kernel: LinearKernel = _unbound
 
     def forward(self, x: torch.Tensor, rows: StepRows) -> torch.Tensor:

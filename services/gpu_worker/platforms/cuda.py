@@ -1,16 +1,24 @@
 """The CUDA platform: Triton attention kernels, plain F.linear, fused Triton kernels for RMSNorm(+residual), rotary
-(in place) and SiLU-mul; its step forward is the model's own (the seam where captured CUDA graphs will go)."""
+(in place) and SiLU-mul; its step forward is the model's own (the seam where captured CUDA graphs will go).
+
+Quantized checkpoints' linears stay packed on the device: 4-bit grids over groups of 32 (GPTQ / AWQ, GGUF's 4-bit
+types) as Int4Weights, FP8 weights with per-tensor or per-channel scales as FP8Weights, both run by the weight-only
+Triton GEMM for small steps (cuda_linear.py); other grids (8-bit, groups of 16, the embedding's) and block-scaled
+FP8 are dequantized at load."""
 
 from __future__ import annotations
 
 import torch
 
+from pagedserve.kernels.cpu.weight_grid import GROUP, WeightGrid
+from pagedserve.kernels.weight_only_formats import Int4Weight
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from pagedserve.services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from pagedserve.services.gpu_worker.layers.linear import PlainLinear
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.model import MLP, Attention, DecoderLM
+from pagedserve.services.gpu_worker.platforms.cuda_linear import WeightOnlyLinear
 from pagedserve.services.gpu_worker.platforms.platform import Platform
 from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 
@@ -45,16 +53,30 @@ class CudaPlatform(Platform):
 
         return TritonAttentionBackend(shape)
 
+    def takes_linear_grid(self, grid: WeightGrid, dtype: torch.dtype) -> bool:
+        """4-bit codes over groups of 32: the weight-only Triton GEMM's Int4Weight."""
+        return grid.bits == 4 and grid.group == GROUP
+
+    def keeps_fp8_weights(self, dtype: torch.dtype) -> bool:
+        return True
+
     def bind_layers(self, model: DecoderLM) -> None:
-        """F.linear for every linear (a lone row is one GEMV here: no two-row workaround) and the fused Triton
-        kernels for the norms, the rotary and the activation (imported here: @triton.jit reads TRITON_INTERPRET
-        when a kernel is defined, and a CPU test may build this platform with the interpreter on)."""
+        """F.linear for every dense linear (a lone row is one GEMV here: no two-row workaround), WeightOnlyLinear
+        for the quantized ones (moved to the device packed), and the fused Triton kernels for the norms, the
+        rotary and the activation (imported here: @triton.jit reads TRITON_INTERPRET when a kernel is defined, and
+        a CPU test may build this platform with the interpreter on)."""
         from pagedserve.kernels.fused_rms_norm import fused_rms_norm
         from pagedserve.kernels.rotary_embedding import rotary_in_place
         from pagedserve.kernels.silu_and_mul import fused_silu_and_mul
 
         for layer in model.linears():
-            layer.kernel = PlainLinear(layer.weight, layer.bias)
+            if layer.grid is not None:
+                packed = Int4Weight.from_grid(layer.grid).to(self.device)
+                layer.kernel, layer.grid = WeightOnlyLinear(packed, layer.bias), None
+            elif layer.fp8 is not None:
+                layer.kernel, layer.fp8 = WeightOnlyLinear(layer.fp8.to(self.device), layer.bias), None
+            else:
+                layer.kernel = PlainLinear(layer.weight, layer.bias)
         for module in model.modules():
             if isinstance(module, RMSNorm):
                 module.kernel = fused_rms_norm

@@ -14,6 +14,7 @@ from typing import get_args
 
 import torch
 
+from pagedserve.kernels.cpu.weight_grid import WeightGrid
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.kv_cache import KVCache
@@ -66,6 +67,16 @@ class Platform(ABC):
     def takes_weight_grids(self, dtype: torch.dtype) -> bool:
         """Whether a `dtype` model's linears may come as quantized grids (Linear.grid: a GGUF checkpoint's blocks)
         for bind_layers to run as they are (default: no, the loader dequantizes them)."""
+        return False
+
+    def takes_linear_grid(self, grid: WeightGrid, dtype: torch.dtype) -> bool:
+        """Whether this linear `grid` of a `dtype` model stays a grid where takes_weight_grids says no (the
+        embedding's is dequantized then; default: no)."""
+        return False
+
+    def keeps_fp8_weights(self, dtype: torch.dtype) -> bool:
+        """Whether a `dtype` model's FP8 checkpoint weights (per-tensor or per-channel scales) come as FP8Weights
+        (Linear.fp8) for bind_layers to run as they are (default: no, the loader dequantizes them)."""
         return False
 
     def bind_layers(self, model: DecoderLM) -> None:
