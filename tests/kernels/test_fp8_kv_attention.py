@@ -8,6 +8,9 @@ import torch
 
 from pagedserve.kernels.paged_decode_attention import paged_decode_attention
 from pagedserve.kernels.paged_prefill_attention import paged_prefill_attention
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape, KVScales
+from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 from tests.kernels.paged_batch import PagedBatch, make_batch
 from tests.kernels.reference import paged_attention_ref
 from tests.kernels.tolerances import assert_close_to_ref
@@ -71,3 +74,32 @@ def test_half_queries_over_fp8_cache(dtype: torch.dtype, device: torch.device) -
     # Values reach 3 x 4 = 12 in magnitude here (randn x 3), so scale the half tolerance by that range.
     torch.testing.assert_close(decode.float().cpu(), ref, atol=12 * 6 * 2**-8, rtol=2 * 2**-8)
     torch.testing.assert_close(prefill.float().cpu(), ref, atol=12 * 6 * 2**-8, rtol=2 * 2**-8)
+
+
+def test_triton_backend_writes_and_attends_with_the_layer_scales(device: torch.device) -> None:
+    """backend.forward(..., KVScales): the step's rows are stored as e4m3(row / scale), then attended dequantized."""
+    batch = _fp8_batch([1, 17, 40, 70], [1, 1, 40, 6], 8, 2, 64, 16, torch.float32, device, seed=4)
+    slots = []
+    for i, seq_len in enumerate(batch.seq_lens_cpu):
+        q_len = batch.query_start_loc_cpu[i + 1] - batch.query_start_loc_cpu[i]
+        slots += [int(batch.block_tables[i, p // 16]) * 16 + p % 16 for p in range(seq_len - q_len, seq_len)]
+    gen = torch.Generator().manual_seed(6)
+    key = (torch.randn(len(slots), 2, 64, generator=gen) * 3).to(device)
+    value = (torch.randn(len(slots), 2, 64, generator=gen) * 3).to(device)
+    expected_k, expected_v = batch.key_cache.cpu().clone(), batch.value_cache.cpu().clone()
+    for t, slot in enumerate(slots):
+        expected_k[slot // 16, slot % 16] = (key[t].cpu() / K_SCALE).to(FP8)
+        expected_v[slot // 16, slot % 16] = (value[t].cpu() / V_SCALE).to(FP8)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device), query_start_loc=batch.query_start_loc,
+        seq_lens=batch.seq_lens, block_tables=batch.block_tables, num_decodes=2, max_query_len=batch.max_query_len,
+        max_seq_len=70, query_start_loc_cpu=batch.query_start_loc_cpu, seq_lens_cpu=batch.seq_lens_cpu)
+
+    out = TritonAttentionBackend(AttentionShape(8, 2, 64, 0.125)).forward(
+        batch.query, key, value, batch.key_cache, batch.value_cache, meta, KVScales(K_SCALE, V_SCALE))
+
+    assert torch.equal(batch.key_cache.cpu().view(torch.uint8), expected_k.view(torch.uint8))
+    assert torch.equal(batch.value_cache.cpu().view(torch.uint8), expected_v.view(torch.uint8))
+    ref = paged_attention_ref(batch.query, expected_k.float() * K_SCALE, expected_v.float() * V_SCALE,
+                              batch.block_tables, batch.seq_lens_cpu, batch.query_start_loc_cpu, 0.125)
+    assert_close_to_ref(out, ref, torch.float32)
