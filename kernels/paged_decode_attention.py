@@ -26,12 +26,12 @@ MIN_PARTITION = 256  # tokens; below this a split's fixed cost outweighs the par
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale_log2, sliding_window, partition_size, num_splits, min_partition,
+    qk_scale_log2, v_scale, sliding_window, partition_size, num_splits, min_partition,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     SINGLE_SPLIT: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (request, kv head, split): attend the GROUP query heads of one kv head over one context slice.
 
@@ -43,6 +43,8 @@ def _decode_split_kernel(
         min(num_splits, cdiv(visible, min_partition)) slices, rounded up to TILE_N
     Token at position p lives at block_tables[b, p // BLOCK_SIZE], row p % BLOCK_SIZE, so a tile may span blocks.
     A split that starts past seq_len runs no loop iteration (no loads) and stores weight 0 for the reduce.
+    KV_FP8: K and V tiles are e4m3, converted exactly to the query's dtype; the key scale is folded into
+    qk_scale_log2 and the value scale multiplies the output (both are per-layer constants).
     """
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -80,6 +82,9 @@ def _decode_split_kernel(
         kv_mask = pos_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offs[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = tile_dot(q, tl.trans(k), FP32_DOT)
         s = tl.where(pos_mask[None, :], s * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -91,6 +96,8 @@ def _decode_split_kernel(
 
     # An empty split (its slice starts past seq_len) leaves m_i = -inf, l_i = 0, acc = 0; the reduce gives it weight 0.
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * v_scale
     out_mask = g_mask[:, None] & d_mask[None, :]
     if SINGLE_SPLIT:
         dst = out_ptr + req * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
@@ -203,14 +210,15 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_seq_len: int, *,
                            sliding_window: int | None = None, partition_size: int | None = None,
                            out: torch.Tensor | None = None, workspace: DecodeWorkspace | None = None,
-                           num_sms: int | None = None) -> torch.Tensor:
+                           num_sms: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Attend query [B, H, D] (the last token of each request) over caches [N, block_size, KVH, D]; returns [B, H, D].
 
     `max_seq_len` bounds every request's context (pass a static bound, e.g. the block table's width x block size,
     so that the launch does not depend on the step); block_tables / seq_lens may hold more rows than B (only the
     first B are read); partition_size forces the split-K slice length (rounded up to the tile), otherwise each
     request cuts its own context into at most the planned number of splits. Without a `workspace` the partials are
-    allocated for this call; `num_sms` overrides the device's SM count (tests).
+    allocated for this call; `num_sms` overrides the device's SM count (tests). A float8_e4m3fn cache holds
+    key / k_scale and value / v_scale (cache_write); other caches ignore the scales.
     """
     num_seqs, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -227,14 +235,17 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
     if workspace is None:
         workspace = DecodeWorkspace.allocate(num_rows, head_dim, query.device)
     parts = workspace.views(num_rows, head_dim)
+    kv_fp8 = key_cache.dtype == torch.float8_e4m3fn
+    k_scale, v_scale = (k_scale, v_scale) if kv_fp8 else (1.0, 1.0)
     _decode_split_kernel[(num_seqs, num_kv_heads, plan.num_splits)](
         query, key_cache, value_cache, block_tables, seq_lens, out, *parts,
-        scale * LOG2E, sliding_window or 0, plan.partition_size, plan.num_splits, MIN_PARTITION,
+        scale * k_scale * LOG2E, v_scale, sliding_window or 0, plan.partition_size, plan.num_splits, MIN_PARTITION,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
         SINGLE_SPLIT=plan.num_splits == 1, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_SIZE=block_size, TILE_N=plan.tile_n,
-        HAS_WINDOW=bool(sliding_window), FP32_DOT=needs_fp32_dot(query.dtype, _decode_split_kernel), num_warps=4,
+        HAS_WINDOW=bool(sliding_window), FP32_DOT=needs_fp32_dot(query.dtype, _decode_split_kernel), KV_FP8=kv_fp8,
+        num_warps=4,
     )
     if plan.num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_heads)](

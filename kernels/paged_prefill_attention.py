@@ -16,12 +16,12 @@ LOG2E = math.log2(math.e)
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-    first_req, qk_scale_log2, sliding_window,
+    first_req, qk_scale_log2, v_scale, sliding_window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, FP32_DOT: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     """Program (request, query tile, kv head): BLOCK_Q chunk tokens x GROUP query heads, online softmax over the cache.
 
@@ -31,6 +31,8 @@ def _prefill_kernel(
     Tile row r -> chunk token q_tile * BLOCK_Q + r // GROUP, query head kv_head * GROUP + r % GROUP;
     rows r >= BLOCK_Q * GROUP belong to no token (BLOCK_M is a power of two, GROUP need not be).
     Keys visited: [kv_start, kv_end) with kv_end one past the tile's last query position (causal bound).
+    KV_FP8: K and V tiles are e4m3, converted exactly to the query's dtype; the key scale is folded into
+    qk_scale_log2 and the value scale multiplies the output.
     """
     req = first_req + tl.program_id(0)
     q_tile = tl.program_id(1)
@@ -71,6 +73,9 @@ def _prefill_kernel(
         kv_mask = pos_mask[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_offs[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
         s = tile_dot(q, tl.trans(k), FP32_DOT)
         visible = pos_mask[None, :] & (pos[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
@@ -87,6 +92,8 @@ def _prefill_kernel(
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out = out * v_scale
     dst = out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :]
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
@@ -94,11 +101,13 @@ def _prefill_kernel(
 def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                             scale: float, max_query_len: int, *, first_req: int = 0, num_reqs: int | None = None,
-                            sliding_window: int | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                            sliding_window: int | None = None, out: torch.Tensor | None = None,
+                            k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of query rows [T, H, D] for requests [first_req, first_req + num_reqs); returns [T, H, D].
 
     query_start_loc indexes rows of `query`/`out` directly, so a batch's decodes can sit before the prefills
-    untouched; rows of other requests are left as they are in `out`.
+    untouched; rows of other requests are left as they are in `out`. A float8_e4m3fn cache holds key / k_scale and
+    value / v_scale (cache_write); other caches ignore the scales.
     """
     _, num_heads, head_dim = query.shape
     _, block_size, num_kv_heads, _ = key_cache.shape
@@ -111,15 +120,17 @@ def paged_prefill_attention(query: torch.Tensor, key_cache: torch.Tensor, value_
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     block_q = block_m // group
+    kv_fp8 = key_cache.dtype == torch.float8_e4m3fn
+    k_scale, v_scale = (k_scale, v_scale) if kv_fp8 else (1.0, 1.0)
     grid = (num_reqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
     _prefill_kernel[grid](
         query, key_cache, value_cache, out, block_tables, seq_lens, query_start_loc,
-        first_req, scale * LOG2E, sliding_window or 0,
+        first_req, scale * k_scale * LOG2E, v_scale, sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_tables.stride(0),
         GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_SIZE=block_size,
         TILE_N=32 if head_dim > 128 else 64, HAS_WINDOW=bool(sliding_window),
-        FP32_DOT=needs_fp32_dot(query.dtype, _prefill_kernel), num_warps=8 if head_dim > 128 else 4,
+        FP32_DOT=needs_fp32_dot(query.dtype, _prefill_kernel), KV_FP8=kv_fp8, num_warps=8 if head_dim > 128 else 4,
     )
     return out

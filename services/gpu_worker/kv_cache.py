@@ -1,4 +1,8 @@
-"""The paged KV cache: one key and one value tensor per layer, allocated once, sized from a memory budget."""
+"""The paged KV cache: one key and one value tensor per layer, allocated once, sized from a memory budget.
+
+The budget counts each element at its dtype's size, so an fp8 (float8_e4m3fn, 1 byte) cache holds twice the blocks
+of an fp16 one in the same memory; an fp8 cache stores value / scale per layer (the attention's KVScales).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,15 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.services.gpu_worker.model_config import ModelConfig
+
+FP8_KV_NAMES = ("fp8", "fp8_e4m3")  # vLLM's --kv-cache-dtype names for an e4m3 cache
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+def fp8_kv_refusal(name: str, platform: str) -> ValueError:
+    """The error a platform without fp8 KV support raises for `--kv-cache-dtype name`."""
+    return ValueError(f"--kv-cache-dtype {name} is GPU-only (the CUDA platform's Triton attention reads e4m3 "
+                      f"caches); this worker runs on {platform}: use auto, float16, bfloat16 or float32")
 
 
 def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype | None = None) -> int:

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
 from pagedserve.services.gpu_worker.checkpoint_keys import to_model_state
 from pagedserve.services.gpu_worker.dummy_weights import dummy_state
+from pagedserve.services.gpu_worker.kv_scales import apply_kv_scales, pop_kv_scales
 from pagedserve.services.gpu_worker.model import DecoderLM
 from pagedserve.services.gpu_worker.model_config import ModelConfig
 from pagedserve.services.gpu_worker.quantized.scheme import read_scheme
@@ -63,8 +64,9 @@ def load_model(model_dir: str | Path, config: ModelConfig, backend: AttentionBac
     if load_format == "dummy":
         state = dummy_state(model, device)
     else:
-        state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(
-            read_checkpoint(model_dir), config).items()}
+        checkpoint = read_checkpoint(model_dir)
+        apply_kv_scales(model, pop_kv_scales(checkpoint))
+        state = {k: v.to(device=device, dtype=config.dtype) for k, v in to_model_state(checkpoint, config).items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]  # one tensor for both
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pagedserve.services.gpu_worker.attention.backend import AttentionBackend
+from pagedserve.services.gpu_worker.attention.backend import UNIT_SCALES, AttentionBackend
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.layers.activation import ActivationKernel, silu_and_mul
 from pagedserve.services.gpu_worker.layers.linear import Linear
@@ -31,6 +31,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, config.q_size + 2 * config.kv_size, config.qkv_bias, config.dtype)
         self.o_proj = Linear(config.q_size, config.hidden_size, config.o_bias, config.dtype)
         self.rotate: RotaryKernel = apply_rotary  # a platform may bind an in-place one at load
+        self.kv_scales = UNIT_SCALES  # an fp8 KV cache's k/v scales for this layer (vLLM's default: 1.0)
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.dtype)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, config.dtype)
@@ -47,7 +48,7 @@ class Attention(nn.Module):
         if c.qk_norm:
             q, k = self.q_norm(q.reshape(-1, c.head_dim)).view_as(q), self.k_norm(k.reshape(-1, c.head_dim)).view_as(k)
         q, k = self.rotate(q, k, *rope)
-        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta).reshape(-1, c.q_size)
+        out = self.backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.kv_scales).reshape(-1, c.q_size)
         if keep is None:
             return self.o_proj(out, meta.rows)
         return self.o_proj(out[keep.indices], keep.rows)

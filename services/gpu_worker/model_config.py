@@ -67,6 +67,9 @@ def parse_dtype(name: str, default: torch.dtype) -> torch.dtype:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
+    """The flag name of a model or KV cache dtype (an e4m3 cache: fp8_e4m3)."""
+    if dtype == torch.float8_e4m3fn:
+        return "fp8_e4m3"
     return next(name for name, value in _DTYPES.items() if value == dtype)
 
 

@@ -8,6 +8,7 @@ from typing import Literal
 from pagedserve.shared.cli_config import check_choices
 
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
+KVCacheDtypeName = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3"]  # fp8: e4m3, CUDA only
 AttentionBackendName = Literal["auto", "torch", "triton"]
 LoadFormatName = Literal["auto", "dummy"]
 QuantizationName = Literal["gptq", "awq", "fp8", "compressed-tensors"]
@@ -23,7 +24,7 @@ class WorkerConfig:
     dtype: DtypeName = "auto"  # auto (fp32 checkpoints: bfloat16 on fast-bf16 devices), float32, bfloat16, float16
     device: str = "auto"  # auto (cuda when available), cpu, cuda, cuda:N
     block_size: int = 16  # tokens per KV block (the unit of allocation and of prefix caching)
-    kv_cache_dtype: DtypeName = "auto"  # auto (float16 for fp32 models on CPU, else the model's), or a dtype
+    kv_cache_dtype: KVCacheDtypeName = "auto"  # auto (fp16 for fp32 models on CPU, else the model's), a dtype, fp8
     kv_cache_memory_bytes: int = 4 * 1024**3  # CPU budget for the KV pool (SmolLM2-135M with fp16 KV: 186k tokens)
     gpu_memory_utilization: float = 0.85  # fraction of free GPU memory (after weights) for the KV pool
     attention_backend: AttentionBackendName = "auto"  # auto, torch, triton

@@ -19,9 +19,22 @@ class AttentionShape:
     sliding_window: int | None = None  # a query at position p sees keys at positions > p - sliding_window
 
 
+@dataclass(frozen=True)
+class KVScales:
+    """One layer's fp8 KV scales (vLLM's k_scale / v_scale): an e4m3 cache holds key / k_scale, value / v_scale.
+    Caches of other dtypes ignore them."""
+
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+UNIT_SCALES = KVScales()
+
+
 class AttentionBackend(ABC):
     """One implementation per device family. Caches are shaped [num_blocks, block_size, num_kv_heads, head_dim],
-    in the model's dtype or (CPU) a narrower one than the queries' (an fp16 cache under fp32 queries)."""
+    in the model's dtype or (CPU) a narrower one than the queries' (an fp16 cache under fp32 queries), or (CUDA,
+    Triton backend) float8_e4m3fn scaled by each layer's KVScales."""
 
     name: str
 
@@ -30,12 +43,12 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, scales: KVScales = UNIT_SCALES) -> None:
         """Store key/value rows [T, num_kv_heads, head_dim] at their slots; a negative slot is skipped."""
 
     @abstractmethod
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:
+               meta: AttentionMetadata, scales: KVScales = UNIT_SCALES) -> torch.Tensor:
         """Causal attention of query rows [T, num_heads, head_dim] over each request's paged context."""
 
     def warm_up(self, key_cache: torch.Tensor, value_cache: torch.Tensor, query_dtype: torch.dtype | None = None
@@ -45,6 +58,6 @@ class AttentionBackend(ABC):
         return None
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping)
-        return self.attend(query, key_cache, value_cache, meta)
+                value_cache: torch.Tensor, meta: AttentionMetadata, scales: KVScales = UNIT_SCALES) -> torch.Tensor:
+        self.write_kv(key, value, key_cache, value_cache, meta.slot_mapping, scales)
+        return self.attend(query, key_cache, value_cache, meta, scales)

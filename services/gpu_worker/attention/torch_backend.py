@@ -18,7 +18,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.backend import UNIT_SCALES, AttentionBackend, AttentionShape, KVScales
 from pagedserve.services.gpu_worker.attention.cpu_decode import paged_decode
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
@@ -67,17 +67,18 @@ class TorchAttentionBackend(AttentionBackend):
             self.decode_fn = paged_decode
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
-                value_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """As the base, with the skipped (negative) slots found once a step, not in every layer."""
+                value_cache: torch.Tensor, meta: AttentionMetadata, scales: KVScales = UNIT_SCALES) -> torch.Tensor:
+        """As the base, with the skipped (negative) slots found once a step, not in every layer (no fp8 caches
+        here, so `scales` never apply)."""
         _store(key, value, key_cache, value_cache, *_kept_slots(meta))
         return self.attend(query, key_cache, value_cache, meta)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, scales: KVScales = UNIT_SCALES) -> None:
         _store(key, value, key_cache, value_cache, *_kept(slot_mapping))
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:
+               meta: AttentionMetadata, scales: KVScales = UNIT_SCALES) -> torch.Tensor:
         if self.decodes_as_chunks:
             return self.prefill_fn(query, key_cache, value_cache, meta.block_tables, meta.query_start_loc,
                                    meta.seq_lens, self.shape.scale, self.shape.sliding_window or 0)

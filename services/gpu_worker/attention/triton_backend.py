@@ -12,7 +12,7 @@ import torch
 from pagedserve.kernels.cache_write import cache_write
 from pagedserve.kernels.paged_decode_attention import DecodeWorkspace, paged_decode_attention, workspace_rows
 from pagedserve.kernels.paged_prefill_attention import paged_prefill_attention
-from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
+from pagedserve.services.gpu_worker.attention.backend import UNIT_SCALES, AttentionBackend, AttentionShape, KVScales
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 
 
@@ -37,12 +37,12 @@ class TritonAttentionBackend(AttentionBackend):
             self.workspace = DecodeWorkspace.allocate(rows, s.head_dim, device)
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, scales: KVScales = UNIT_SCALES) -> None:
         """Store key/value rows [T, num_kv_heads, head_dim] at their slots; a negative slot is skipped."""
-        cache_write(key, value, key_cache, value_cache, slot_mapping)
+        cache_write(key, value, key_cache, value_cache, slot_mapping, scales.k_scale, scales.v_scale)
 
     def attend(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-               meta: AttentionMetadata) -> torch.Tensor:
+               meta: AttentionMetadata, scales: KVScales = UNIT_SCALES) -> torch.Tensor:
         """Causal attention of query rows [T, num_heads, head_dim]; rows past query_start_loc[-1] stay unset."""
         out = torch.empty_like(query)
         num_decodes = meta.num_decodes
@@ -54,14 +54,14 @@ class TritonAttentionBackend(AttentionBackend):
             paged_decode_attention(
                 query[:num_decodes], key_cache, value_cache, meta.block_tables, meta.seq_lens, self.shape.scale,
                 max_len, sliding_window=window, out=out[:num_decodes], workspace=self.workspace,
-                num_sms=self.num_sms,
+                num_sms=self.num_sms, k_scale=scales.k_scale, v_scale=scales.v_scale,
             )
         num_prefills = meta.num_requests - num_decodes
         if num_prefills > 0:
             paged_prefill_attention(
                 query, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                 self.shape.scale, meta.max_query_len, first_req=num_decodes, num_reqs=num_prefills,
-                sliding_window=window, out=out,
+                sliding_window=window, out=out, k_scale=scales.k_scale, v_scale=scales.v_scale,
             )
         return out
 

@@ -15,6 +15,7 @@ from pagedserve.kernels.weight_only_formats import Int4Weight
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from pagedserve.services.gpu_worker.attention.cpu_decode import compiled_paged_decode, paged_decode
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.kv_cache import FP8_KV_DTYPE, FP8_KV_NAMES
 from pagedserve.services.gpu_worker.layers.linear import PlainLinear
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.model import MLP, Attention, DecoderLM
@@ -40,6 +41,10 @@ class CudaPlatform(Platform):
             return checkpoint
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
 
+    def kv_cache_dtype(self, name: str, model: torch.dtype) -> torch.dtype:
+        """As the base, plus fp8 / fp8_e4m3: a float8_e4m3fn cache (1 byte an element) under any model dtype."""
+        return FP8_KV_DTYPE if name in FP8_KV_NAMES else super().kv_cache_dtype(name, model)
+
     def kv_cache_budget_bytes(self, config: WorkerConfig) -> int:
         """A fraction of the device memory still free after the weights were loaded."""
         free_bytes, _ = torch.cuda.mem_get_info(self.device)
@@ -48,6 +53,8 @@ class CudaPlatform(Platform):
     def attention_backend(self, name: str, shape: AttentionShape, query_dtype: torch.dtype,
                           cache_dtype: torch.dtype, block_size: int) -> AttentionBackend:
         if self.backend_name(name) == "torch":
+            if cache_dtype == FP8_KV_DTYPE:
+                raise ValueError("--kv-cache-dtype fp8 needs --attention-backend triton (the torch one reads no e4m3)")
             return TorchAttentionBackend(shape, compiled_paged_decode() if self.torch_compile else paged_decode)
         from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 

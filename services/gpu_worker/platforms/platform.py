@@ -17,7 +17,7 @@ import torch
 from pagedserve.kernels.cpu.weight_grid import WeightGrid
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
-from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.kv_cache import FP8_KV_NAMES, KVCache, fp8_kv_refusal
 from pagedserve.services.gpu_worker.layers.linear import TorchLinear
 from pagedserve.services.gpu_worker.model import DecoderLM
 from pagedserve.services.gpu_worker.model_config import parse_dtype
@@ -43,7 +43,10 @@ class Platform(ABC):
         """The dtype `--dtype auto` serves a checkpoint of dtype `checkpoint` (in `model_dir`, when given) in."""
 
     def kv_cache_dtype(self, name: str, model: torch.dtype) -> torch.dtype:
-        """The KV cache's dtype for `--kv-cache-dtype name` under a `model` model: `auto` is the model's."""
+        """The KV cache's dtype for `--kv-cache-dtype name` under a `model` model: `auto` is the model's; fp8 only
+        where a platform says so."""
+        if name in FP8_KV_NAMES:
+            raise fp8_kv_refusal(name, self.name)
         chosen = model if name == "auto" else parse_dtype(name, model)
         if chosen != model:
             raise ValueError(f"a {name} KV cache under a {model} model is only supported on CPU")

@@ -7,6 +7,7 @@ import torch
 
 from pagedserve.services.gpu_worker.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from pagedserve.services.gpu_worker.model_config import model_config_from_dict
+from pagedserve.services.gpu_worker.platforms.cuda import CudaPlatform
 
 SMOLLM2_LIKE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 49152, "hidden_size": 576,
                 "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -44,3 +45,19 @@ def test_an_fp16_cache_holds_twice_the_tokens() -> None:
     assert blocks == 2 * num_blocks_for_budget(config, budget, 16)
     cache = KVCache.allocate(config, blocks, 16, torch.device("cpu"), torch.float16)
     assert cache.dtype == torch.float16 and cache.num_bytes <= budget
+
+
+def test_an_fp8_cache_holds_twice_the_blocks_of_fp16() -> None:
+    """`--kv-cache-dtype fp8` under a bf16 model: 1 byte an element, so the same budget gives twice fp16's blocks."""
+    config = model_config_from_dict(SMOLLM2_LIKE, "bfloat16")
+    cuda = CudaPlatform(torch.device("cuda"))  # touches no device
+    fp8 = cuda.kv_cache_dtype("fp8", config.dtype)
+    assert fp8 == cuda.kv_cache_dtype("fp8_e4m3", config.dtype) == torch.float8_e4m3fn
+    assert kv_bytes_per_token(config, fp8) == 2 * 30 * 3 * 64 * 1
+    budget = 64 * 1024**2
+    fp16_blocks = num_blocks_for_budget(config, budget, 16, torch.float16)
+    fp8_blocks = num_blocks_for_budget(config, budget, 16, fp8)
+    assert (fp16_blocks, fp8_blocks) == (182, 364)
+    cache = KVCache.allocate(config, fp8_blocks, 16, torch.device("cpu"), fp8)
+    assert cache.dtype == torch.float8_e4m3fn and cache.num_bytes <= budget
+    assert cache.num_bytes == KVCache.allocate(config, fp16_blocks, 16, torch.device("cpu"), torch.float16).num_bytes

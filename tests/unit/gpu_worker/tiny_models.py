@@ -58,10 +58,11 @@ class PagedModel:
     `backend`: "torch" (torch only), "torch+native" (with the C kernels of kernels/cpu), "triton" (on a CUDA
     machine compiled on the GPU, else through Triton's interpreter on CPU) or "triton+cuda-layers" (the CUDA
     platform's bindings, its fused layer kernels included, interpreted on a CPU-only machine); `platform`
-    overrides the CPU one."""
+    overrides the CPU one; `kv_dtype` the cache's (default: the model's)."""
 
     def __init__(self, folder: Path, block_size: int = 4, num_blocks: int = 256, backend: str = "torch",
-                 dtype: str = "float32", platform: Platform | None = None) -> None:
+                 dtype: str = "float32", platform: Platform | None = None,
+                 kv_dtype: torch.dtype | None = None) -> None:
         self.config: ModelConfig = load_model_config(folder, dtype)
         c = self.config
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
@@ -71,10 +72,10 @@ class PagedModel:
             platform = CudaPlatform(torch.device("cpu"))
         self.platform = platform or CpuPlatform(native_kernels=backend == "torch+native", torch_compile=False)
         self.device = self.platform.device
-        attention = self.platform.attention_backend(backend.split("+")[0], shape, c.dtype, c.dtype,
+        attention = self.platform.attention_backend(backend.split("+")[0], shape, c.dtype, kv_dtype or c.dtype,
                                                     block_size)
         self.model: DecoderLM = load_model(folder, c, attention, 256, self.platform)
-        self.kv = KVCache.allocate(c, num_blocks, block_size, self.device)
+        self.kv = KVCache.allocate(c, num_blocks, block_size, self.device, kv_dtype)
         self.forward = self.platform.model_forward(self.model, attention, self.kv)
         self.block_size = block_size
         self.next_block = 0

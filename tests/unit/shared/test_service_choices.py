@@ -15,6 +15,8 @@ CASES = [
     (SchedulerServiceConfig, ["--log-level", "trace"], "--log-level: expected one of debug, info, warning, error"),
     (WorkerServiceConfig, ["m", "--dtype", "float8"], "--dtype: expected one of auto, float32, bfloat16, float16"),
     (WorkerServiceConfig, ["m", "--kv-cache-dtype", "int8"], "--kv-cache-dtype: expected one of auto, float32"),
+    (WorkerServiceConfig, ["m", "--kv-cache-dtype", "fp8_e5m2"],
+     "--kv-cache-dtype: expected one of auto, float32, bfloat16, float16, fp8, fp8_e4m3"),
     (WorkerServiceConfig, ["m", "--attention-backend", "flash"], "--attention-backend: expected one of auto, torch"),
 ]
 
@@ -33,5 +35,8 @@ def test_the_defaults_and_every_listed_name_are_accepted():
     for name in ("float32", "bfloat16", "float16"):
         argv = ["m", "--dtype", name, "--kv-cache-dtype", name]
         assert parse_config(WorkerServiceConfig, argv, "", positional=("model_dir",)).worker.dtype == name
+    for name in ("fp8", "fp8_e4m3"):  # vLLM's names for an e4m3 cache (the platform decides where it runs)
+        argv = ["m", "--kv-cache-dtype", name]
+        assert parse_config(WorkerServiceConfig, argv, "", positional=("model_dir",)).worker.kv_cache_dtype == name
     for level in ("debug", "info", "warning", "error"):
         assert parse_config(SchedulerServiceConfig, ["--log-level", level], "").log_level == level

@@ -8,7 +8,7 @@ import torch
 from pagedserve.kernels.cpu.packed_linear import PackedWeight
 from pagedserve.services.gpu_worker.attention.backend import AttentionBackend, AttentionShape
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from pagedserve.services.gpu_worker.kv_cache import KVCache
+from pagedserve.services.gpu_worker.kv_cache import FP8_KV_NAMES, KVCache, fp8_kv_refusal
 from pagedserve.services.gpu_worker.layers.grid_embedding import GridEmbedding
 from pagedserve.services.gpu_worker.model import DecoderLM
 from pagedserve.services.gpu_worker.model_config import parse_dtype
@@ -70,7 +70,9 @@ class CpuPlatform(Platform):
 
     def kv_cache_dtype(self, name: str, model: torch.dtype) -> torch.dtype:
         """`auto`: float16 for an fp32 model (half the bytes a decode step reads; scores and sums stay fp32), else
-        the model's; any dtype may be asked for."""
+        the model's; any dtype but fp8 may be asked for (no CPU attention path reads e4m3)."""
+        if name in FP8_KV_NAMES:
+            raise fp8_kv_refusal(name, self.name)
         if name == "auto":
             return torch.float16 if model == torch.float32 else model
         return parse_dtype(name, model)

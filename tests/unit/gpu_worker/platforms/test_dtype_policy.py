@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pagedserve.services.gpu_worker.attention.backend import AttentionShape
 from pagedserve.services.gpu_worker.platforms.cpu import platform as cpu_platform
 from pagedserve.services.gpu_worker.platforms.cpu.cpu_flags import cpu_has_amx, cpu_has_fast_bf16
 from pagedserve.services.gpu_worker.platforms.cpu.platform import CpuPlatform
@@ -60,7 +61,25 @@ def test_kv_cache_dtype() -> None:
     with pytest.raises(ValueError, match="only supported on CPU"):
         cuda.kv_cache_dtype("float16", torch.bfloat16)
     with pytest.raises(ValueError, match="unsupported dtype"):
-        cpu.kv_cache_dtype("fp8", torch.float32)
+        cpu.kv_cache_dtype("int8", torch.float32)
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8_e4m3"])
+def test_fp8_kv_cache_is_cuda_only(name: str) -> None:
+    """CUDA: an e4m3 cache under any model dtype; CPU: a clear refusal naming the flag (no CPU path reads e4m3)."""
+    cuda = CudaPlatform(torch.device("cuda"))
+    for model in (torch.bfloat16, torch.float16, torch.float32):
+        assert cuda.kv_cache_dtype(name, model) == torch.float8_e4m3fn
+    with pytest.raises(ValueError, match=f"--kv-cache-dtype {name} is GPU-only.*runs on cpu"):
+        CpuPlatform(native_kernels=False).kv_cache_dtype(name, torch.float32)
+
+
+def test_fp8_kv_cache_needs_the_triton_backend_on_cuda() -> None:
+    cuda = CudaPlatform(torch.device("cuda"), torch_compile=False)
+    shape = AttentionShape(4, 2, 64, 0.125)
+    with pytest.raises(ValueError, match="fp8 needs --attention-backend triton"):
+        cuda.attention_backend("torch", shape, torch.bfloat16, torch.float8_e4m3fn, 16)
+    assert cuda.attention_backend("torch", shape, torch.bfloat16, torch.bfloat16, 16).name == "torch"
 
 
 def _checkpoint(folder, weight: torch.Tensor):
@@ -94,3 +113,16 @@ def test_fp32_checkpoints_of_4bit_grids_stay_fp32_for_the_int8_kernel(monkeypatc
     assert cpu.serving_dtype(torch.bfloat16, str(grid)) == torch.bfloat16
     assert CpuPlatform(int8_activations=False).serving_dtype(torch.float32, str(grid)) == half
     assert CpuPlatform(native_kernels=False, int8_activations=True).serving_dtype(torch.float32, str(grid)) == half
+
+
+def test_a_cpu_worker_refuses_fp8_kv_at_start(tmp_path) -> None:
+    """The refusal comes before any weight is loaded, naming the flag and the platform."""
+    from pagedserve.services.gpu_worker.model_runner import ModelRunner
+    from pagedserve.services.gpu_worker.worker_config import WorkerConfig
+    from tests.unit.gpu_worker.tiny_models import make_tiny_model
+
+    make_tiny_model("llama", tmp_path)
+    config = WorkerConfig(model_dir=str(tmp_path), device="cpu", kv_cache_dtype="fp8", native_kernels=False,
+                          torch_compile=False)
+    with pytest.raises(ValueError, match="--kv-cache-dtype fp8 is GPU-only"):
+        ModelRunner(config)
