@@ -22,6 +22,7 @@ import torch
 from pagedserve.kernels.cpu.build import built_or_none
 from pagedserve.kernels.cpu.decode_layers import DecodeLayers, DecodeShape, Kernels, LayerWeights, Projection
 from pagedserve.kernels.cpu.int8_linear import Int8Linear
+from pagedserve.kernels.cpu.paged_decode import NativePagedDecode
 from pagedserve.kernels.cpu.paged_prefill import NativePagedPrefill
 from pagedserve.services.gpu_worker.attention.metadata import AttentionMetadata
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
@@ -88,9 +89,10 @@ def build_one_call_decode(model: DecoderLM, kv_cache: KVCache, backend: TorchAtt
                         backend.shape.scale, backend.shape.sliding_window or 0)
     gemms = [m.kernel.gemm for layer in model.layers for m in _projections(layer)]
     int8 = next((gemm for gemm in gemms if isinstance(gemm, Int8Linear)), None)
+    decode = None if backend.decodes_as_chunks or not isinstance(backend.decode_fn, NativePagedDecode) else (
+        backend.decode_fn)
     prefill = backend.prefill_fn if isinstance(backend.prefill_fn, NativePagedPrefill) else None
-    kernels = Kernels(int8, native.packed_linear, native.fused_ops,
-                      None if backend.decodes_as_chunks else backend.decode_fn, prefill)
+    kernels = Kernels(int8, native.packed_linear, native.fused_ops, decode, prefill)
     layers = [_layer_weights(layer, key, value) for layer, (key, value) in zip(
         model.layers, kv_cache.layers, strict=True)]
     decode_layers = built_or_none("the C decode layers", lambda: _tried(DecodeLayers(kernels, shape, layers),
@@ -109,7 +111,7 @@ def unsupported(model: DecoderLM, kv_cache: KVCache, backend: TorchAttentionBack
         return "the C linear or fused-op kernels are not built"
     if backend.decodes_as_chunks and not isinstance(backend.prefill_fn, NativePagedPrefill):
         return "decodes run as chunks outside the C prefill kernel"
-    if not backend.decode_native and not backend.decodes_as_chunks:
+    if not backend.decodes_as_chunks and not isinstance(backend.decode_fn, NativePagedDecode):
         return "decode attention does not run in the C decode kernel"
     if kv_cache.dtype not in (torch.float32, torch.float16):
         return f"a {kv_cache.dtype} KV cache"
