@@ -1,4 +1,4 @@
-/* Every decoder layer of a decode-only step in one call (CPU, fp32 activations).
+/* Every decoder layer of a step of decodes and short chunks in one call (CPU, fp32 activations).
  *
  * Per layer it runs the kernels the layer-by-layer torch path calls, in the same order and on the same buffers'
  * values: RMSNorm, the q|k|v projection, rotary on q and k, the KV cache write, paged decode attention, the output
@@ -6,9 +6,11 @@
  * add. The numbers are therefore bit for bit those of that path. What goes away is the Python between the kernels
  * (about 25 calls a layer; docs/cpu.md).
  *
- * Attention runs in the C decode kernel, or (batch-invariant mode: `prefill` set) in the C prefill kernel with each
- * row as a one-token chunk, as the layer-by-layer path runs it there: a row then gets the numbers it would get
- * inside a prompt chunk, and the step still goes without Python between the kernels.
+ * Attention is split as the torch backend splits it: the first `num_decodes` rows (one-token requests) in one call
+ * of the C decode kernel, the rows after them (`num_chunks` chunks back to back, e.g. a speculative verification's
+ * 1 + k tokens) in one call of the C prefill kernel over their own block tables, starts and lengths. In
+ * batch-invariant mode there is no decode kernel: the caller passes num_decodes = 0 and every request as a chunk
+ * (a decode as a one-token chunk), as the layer-by-layer path runs it there.
  *
  * The kernels are not linked in: their entry points (int8_linear.c, packed_linear.c, fused_ops.c, paged_decode.c,
  * paged_prefill.c, each already loaded by its own wrapper) arrive as function pointers in `kernels_t`, so each
@@ -17,9 +19,12 @@
  * done here.
  *
  * Layouts: hidden [rows, hidden] fp32, the residual stream, updated in place; cos/sin [rows, head_dim / 2] fp32;
- * slots [rows] int64 (cache slot of each row's new token; < 0: not written); block_tables [rows, table_width]
- * int32; seq_lens [rows] int32; caches [blocks, block_size, kv_heads, head_dim] contiguous.
- * Entry point: decode_layers. Returns 0, or the first failing kernel's nonzero code (2: out of memory).
+ * slots [rows] int64 (cache slot of each row's new token; < 0: not written); block_tables [requests, table_width]
+ * int32 and seq_lens [requests] int32, decodes first (requests = num_decodes + num_chunks); chunk_starts
+ * [num_chunks + 1] int32, the chunks' first rows counted from row num_decodes (0, ..., rows - num_decodes);
+ * caches [blocks, block_size, kv_heads, head_dim] contiguous.
+ * Entry point: decode_layers. Returns 0, 1 where a needed attention kernel is missing, or the first failing
+ * kernel's nonzero code (2: out of memory).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -65,8 +70,8 @@ typedef struct {
     rms_norm_fn rms_norm;
     silu_mul_fn silu_mul;
     rotary_fn rotary;
-    decode_fn decode;   /* for this model's head size and cache dtype */
-    prefill_fn prefill; /* for this cache dtype; non-NULL: attention runs here, rows as one-token chunks */
+    decode_fn decode;   /* for this model's head size and cache dtype; NULL in batch-invariant mode */
+    prefill_fn prefill; /* for this cache dtype; NULL where chunks do not run in the C prefill kernel */
 } kernels_t;
 
 typedef struct {
@@ -79,8 +84,13 @@ typedef struct {
 /* The buffers of one call, each [rows, width]. */
 typedef struct {
     float *normed, *qkv, *query, *attn, *proj, *gate_up, *act;
-    int32_t *starts; /* [rows + 1]: 0, 1, ..., rows (row r as the one-token chunk r) */
 } scratch_t;
+
+/* Which rows attention runs as decodes and which as chunks, and the requests' paged contexts. */
+typedef struct {
+    int num_decodes, num_chunks, table_width;
+    const int32_t *tables, *seq_lens, *chunk_starts;
+} split_t;
 
 static int project(const kernels_t *k, const projection_t *p, const float *x, float *y, int rows, int threads) {
     const void *const *t = p->tensors;
@@ -121,10 +131,26 @@ static void write_kv(const model_t *m, const layer_t *l, const float *qkv, const
     }
 }
 
+/* The decodes' rows through the decode kernel, the chunks' rows through the prefill kernel: s->query -> s->attn. */
+static int attend(const model_t *m, const layer_t *l, const split_t *p, int threads, const scratch_t *s) {
+    const kernels_t *k = &m->k;
+    const int64_t q_size = (int64_t)m->heads * m->head_dim;
+    if ((p->num_decodes && !k->decode) || (p->num_chunks && !k->prefill)) return 1;
+    if (p->num_decodes) {
+        const int failed = k->decode(s->query, l->key_cache, l->value_cache, p->tables, p->table_width, p->seq_lens,
+                                     s->attn, p->num_decodes, m->heads, m->kv_heads, m->block_size, m->scale,
+                                     m->window, threads);
+        if (failed || !p->num_chunks) return failed;
+    }
+    const int64_t row = (int64_t)p->num_decodes;
+    return k->prefill(s->query + row * q_size, l->key_cache, l->value_cache, p->tables + row * p->table_width,
+                      p->table_width, p->chunk_starts, p->seq_lens + row, s->attn + row * q_size, p->num_chunks,
+                      m->heads, m->kv_heads, m->head_dim, m->block_size, m->scale, m->window, threads);
+}
+
 /* Attention half of a layer: hidden -> s->attn (the attention output, before o_proj). */
 static int attention(const model_t *m, const layer_t *l, const float *hidden, int rows, const float *cos,
-                     const float *sin, const int64_t *slots, const int32_t *tables, int table_width,
-                     const int32_t *seq_lens, int threads, const scratch_t *s) {
+                     const float *sin, const int64_t *slots, const split_t *p, int threads, const scratch_t *s) {
     const kernels_t *k = &m->k;
     const int q_size = m->heads * m->head_dim, qkv_width = l->qkv.out;
     k->rms_norm(hidden, NULL, l->input_norm, s->normed, rows, m->hidden, m->eps, threads);
@@ -135,11 +161,7 @@ static int attention(const model_t *m, const layer_t *l, const float *hidden, in
     write_kv(m, l, s->qkv, slots, rows);
     for (int r = 0; r < rows; r++) /* the queries, contiguous */
         memcpy(s->query + (int64_t)r * q_size, s->qkv + (int64_t)r * qkv_width, sizeof(float) * q_size);
-    if (k->prefill)
-        return k->prefill(s->query, l->key_cache, l->value_cache, tables, table_width, s->starts, seq_lens, s->attn,
-                          rows, m->heads, m->kv_heads, m->head_dim, m->block_size, m->scale, m->window, threads);
-    return k->decode(s->query, l->key_cache, l->value_cache, tables, table_width, seq_lens, s->attn, rows, m->heads,
-                     m->kv_heads, m->block_size, m->scale, m->window, threads);
+    return attend(m, l, p, threads, s);
 }
 
 /* MLP half: hidden += o_proj(attn); hidden += down(silu(gate) * up) of the normed sum. */
@@ -157,33 +179,28 @@ static int mlp(const model_t *m, const layer_t *l, float *hidden, int rows, int 
 }
 
 int decode_layers(const model_t *m, float *hidden, int rows, const float *cos, const float *sin, const int64_t *slots,
-                  const int32_t *tables, int table_width, const int32_t *seq_lens, int threads) {
+                  const int32_t *tables, int table_width, const int32_t *seq_lens, int num_decodes, int num_chunks,
+                  const int32_t *chunk_starts, int threads) {
 #ifndef __F16C__
     if (m->half_cache) return 1;
 #endif
+    if (num_chunks && chunk_starts[num_chunks] != rows - num_decodes) return 1;
     const int64_t q_size = (int64_t)m->heads * m->head_dim, qkv = q_size + 2 * (int64_t)m->kv_heads * m->head_dim;
     const int64_t widths[] = {m->hidden, qkv, q_size, q_size, m->hidden, 2 * (int64_t)m->intermediate,
                               m->intermediate};
     int64_t total = 0;
     for (int i = 0; i < 7; i++) total += widths[i] * rows;
     float *base = malloc(sizeof(float) * total);
-    int32_t *starts = malloc(sizeof(int32_t) * (rows + 1));
-    if (!base || !starts) {
-        free(base);
-        free(starts);
-        return 2;
-    }
-    for (int r = 0; r <= rows; r++) starts[r] = r;
+    if (!base) return 2;
     float *parts[7];
     for (int64_t i = 0, at = 0; i < 7; at += widths[i] * rows, i++) parts[i] = base + at;
-    const scratch_t s = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6], starts};
+    const scratch_t s = {parts[0], parts[1], parts[2], parts[3], parts[4], parts[5], parts[6]};
+    const split_t split = {num_decodes, num_chunks, table_width, tables, seq_lens, chunk_starts};
     int failed = 0;
     for (int i = 0; i < m->num_layers && !failed; i++) {
-        failed = attention(m, &m->layers[i], hidden, rows, cos, sin, slots, tables, table_width, seq_lens, threads,
-                           &s);
+        failed = attention(m, &m->layers[i], hidden, rows, cos, sin, slots, &split, threads, &s);
         if (!failed) failed = mlp(m, &m->layers[i], hidden, rows, threads, &s);
     }
     free(base);
-    free(starts);
     return failed;
 }

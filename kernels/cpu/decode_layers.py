@@ -1,6 +1,7 @@
-"""All decoder layers of a decode-only step in one C call (decode_layers.c), over the other CPU kernels' entry points
-and the layers' packed weights, bound once. Attention runs in the C decode kernel, or in the C prefill kernel (rows
-as one-token chunks: the batch-invariant mode's attention) where `Kernels.prefill` is given instead."""
+"""All decoder layers of a step of decodes and chunks in one C call (decode_layers.c), over the other CPU kernels'
+entry points and the layers' packed weights, bound once. Attention is split as the torch backend splits it: the
+decode rows in the C decode kernel, the chunk rows (e.g. a speculative verification's 1 + k tokens) in the C prefill
+kernel; in batch-invariant mode (no decode kernel) every request runs as a chunk there, a decode as a one-token one."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ class DecodeShape:
 @dataclass(frozen=True)
 class Kernels:
     """The built kernels whose entry points the C call runs (int8: None when no layer takes int8 inputs); attention:
-    `decode`, or `prefill` (rows as one-token chunks), exactly one of them."""
+    `decode` for decode rows (None: batch-invariant mode, every row a chunk), `prefill` for chunk rows (None: steps
+    with chunks are not taken); at least one of them."""
 
     int8: Int8Linear | None
     packed: PackedLinear
@@ -87,8 +89,8 @@ class Kernels:
     prefill: NativePagedPrefill | None = None
 
     def __post_init__(self) -> None:
-        if (self.decode is None) == (self.prefill is None):
-            raise ValueError("the decode layers take one attention kernel: the decode one or the prefill one")
+        if self.decode is None and self.prefill is None:
+            raise ValueError("the decode layers need an attention kernel: the decode one, the prefill one or both")
 
 
 def _address(entry) -> int:
@@ -111,7 +113,7 @@ def _projection(p: Projection) -> _Projection:
 
 
 class DecodeLayers:
-    """hidden [rows, hidden] fp32 (updated in place) through every layer of a decode-only step."""
+    """hidden [rows, hidden] fp32 (updated in place) through every layer of a step: decode rows first, then chunks."""
 
     def __init__(self, kernels: Kernels, shape: DecodeShape, layers: list[LayerWeights]) -> None:
         cache = layers[0].key_cache
@@ -124,7 +126,8 @@ class DecodeLayers:
                                         for p in (layer.qkv, layer.o, layer.gate_up, layer.down)):
             raise ValueError("int8 weights without the int8 kernel")
         self.run = bind(load_kernel("decode_layers"), "decode_layers",
-                        [ctypes.c_void_p, ctypes.c_void_p, _int, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int])
+                        [ctypes.c_void_p, ctypes.c_void_p, _int, _ptr, _ptr, _ptr, _ptr, _int, _ptr, _int, _int, _ptr,
+                         _int])
         self.layers = layers  # keeps every tensor the structs point into alive
         self.kernels, self.shape = kernels, shape
         self.cache_ptr = cache.data_ptr()
@@ -140,15 +143,29 @@ class DecodeLayers:
                              cache.shape[1], shape.window, int(cache.dtype == torch.float16), shape.eps, shape.scale)
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor,
-                 block_tables: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """cos/sin [rows, (1,) D/2] fp32, slots [rows] int64, block_tables [rows, nb] int32, seq_lens [rows] int32."""
+                 block_tables: torch.Tensor, seq_lens: torch.Tensor, num_decodes: int | None = None,
+                 chunk_starts: torch.Tensor | None = None) -> torch.Tensor:
+        """cos/sin [rows, (1,) D/2] fp32, slots [rows] int64; block_tables [B, nb] int32 and seq_lens [B] int32 of
+        the step's requests, decodes first. The first `num_decodes` requests are one row each (None: every request,
+        a decode-only step); `chunk_starts` [B - num_decodes + 1] gives the others' first rows counted from row
+        num_decodes (None where there are none)."""
+        num_decodes = len(seq_lens) if num_decodes is None else num_decodes
+        num_chunks = len(seq_lens) - num_decodes
+        if (chunk_starts is None) != (num_chunks == 0) or (
+                chunk_starts is not None and (len(chunk_starts) != num_chunks + 1
+                                              or int(chunk_starts[-1]) != hidden.shape[0] - num_decodes)):
+            raise ValueError("chunk_starts must give each chunk's first row and end at the step's row count")
+        if num_decodes and self.kernels.decode is None or num_chunks and self.kernels.prefill is None:
+            raise ValueError("no attention kernel here for this step's decodes or chunks")
         hidden = hidden.contiguous()
         cos, sin = cos.contiguous(), sin.contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         lens = seq_lens.to(torch.int32).contiguous()
         slots = slots.to(torch.int64).contiguous()
+        starts = None if chunk_starts is None else chunk_starts.to(torch.int32).contiguous()
         failed = self.run(ctypes.addressof(self._model), hidden.data_ptr(), hidden.shape[0], cos.data_ptr(),
                           sin.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], lens.data_ptr(),
+                          num_decodes, num_chunks, 0 if starts is None else starts.data_ptr(),
                           torch.get_num_threads())
         if failed:
             raise MemoryError(f"the C decode layers failed (code {failed}: out of memory or an unsupported shape)")

@@ -54,13 +54,13 @@ def _save(name: str, folder, grid: bool) -> None:
 class Paged:
     """The model over a paged cache, built as the worker builds it (C kernels), with or without the one-call path."""
 
-    def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool, batch_invariant: bool = False
-                 ) -> None:
+    def __init__(self, folder, int8: bool, cache_dtype: torch.dtype, fused: bool, batch_invariant: bool = False,
+                 block: int | None = None) -> None:
         c = self.config = load_model_config(folder, "float32")
         shape = AttentionShape(c.num_heads, c.num_kv_heads, c.head_dim, c.head_dim ** -0.5, c.sliding_window)
         self.platform = CpuPlatform(native_kernels=True, torch_compile=False, int8_activations=int8,
                                     batch_invariant=batch_invariant)
-        self.block = CHUNK_BLOCK if batch_invariant else BLOCK
+        self.block = block or (CHUNK_BLOCK if batch_invariant else BLOCK)
         self.backend = self.platform.attention_backend("torch", shape, torch.float32, cache_dtype, self.block)
         self.model = load_model(folder, c, self.backend, 256, self.platform)
         self.kv = KVCache.allocate(c, 64, self.block, torch.device("cpu"), cache_dtype)
