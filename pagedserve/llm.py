@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pagedserve.llm_engine import LLMEngine
 from pagedserve.services.gpu_worker.worker import Worker
@@ -34,12 +34,28 @@ def chat_token_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
+def with_speculative_config(worker_config: WorkerConfig, scheduler_config: SchedulerConfig, text: str = ""
+                            ) -> tuple[WorkerConfig, SchedulerConfig]:
+    """Both configs with the one speculative config: `text`, else whichever of the two has one (the scheduler plans
+    the drafts, the worker runs a draft model); ValueError when they name different ones."""
+    given = {c for c in (text, worker_config.speculative_config, scheduler_config.speculative_config) if c}
+    if len(given) > 1 and not text:
+        raise ValueError("the worker's and the scheduler's speculative_config differ: give one")
+    chosen = text or next(iter(given), "")
+    return (replace(worker_config, speculative_config=chosen), replace(scheduler_config, speculative_config=chosen))
+
+
 class LLM:
+    """`speculative_config`: vLLM's JSON (docs/speculative_decoding.md), for both the scheduler and the worker
+    (either config may carry it instead)."""
+
     def __init__(self, worker_config: WorkerConfig, scheduler_config: SchedulerConfig | None = None,
-                 async_scheduling: bool = False) -> None:
+                 async_scheduling: bool = False, speculative_config: str = "") -> None:
         from transformers import AutoTokenizer
 
-        self.engine = LLMEngine(Worker(worker_config), scheduler_config or SchedulerConfig(), async_scheduling)
+        worker_config, scheduler_config = with_speculative_config(worker_config, scheduler_config or SchedulerConfig(),
+                                                                  speculative_config)
+        self.engine = LLMEngine(Worker(worker_config), scheduler_config, async_scheduling)
         self.tokenizer = AutoTokenizer.from_pretrained(worker_config.model_dir)
 
     def chat_prompt(self, user_message: str, system: str | None = None) -> list[int]:

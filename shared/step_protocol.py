@@ -43,6 +43,9 @@ class StepInput:
     # speculative decoding: req_id -> draft tokens appended after its last known token; such a request is
     # scheduled for 1 + len(drafts) tokens and its output holds 1 + (accepted drafts) tokens
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # speculative decoding with a draft model: req_id -> draft positions the worker's draft model proposes after
+    # the request's last known token (scheduled for 1 + that many tokens, as with draft_token_ids)
+    draft_model_slots: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -28,6 +28,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     config = parse_config(WorkerServiceConfig, argv, __doc__, prog=prog, positional=("model_dir",))
     problem = model_dir_problem(config.worker.model_dir, weights=config.worker.load_format != "dummy",
                                 tokenizer=False)
+    draft_dir = config.worker.draft_model_dir
+    if problem is None and draft_dir is not None:
+        problem = model_dir_problem(draft_dir, weights=config.worker.load_format != "dummy", tokenizer=False)
+        problem = problem and f"the speculative config's draft model: {problem}"
     if problem is not None:
         print(f"{prog or 'worker'}: error: {problem}", file=sys.stderr)
         return 2

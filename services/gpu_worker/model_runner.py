@@ -21,9 +21,14 @@ from pagedserve.services.gpu_worker.cuda_graphs.decode_graphs import DecodeGraph
 from pagedserve.services.gpu_worker.cuda_graphs.graph_backend import CudaGraphBackend, GraphBackend
 from pagedserve.services.gpu_worker.generation_defaults import eos_token_ids
 from pagedserve.services.gpu_worker.input_batch import build_model_input
-from pagedserve.services.gpu_worker.kv_cache import KVCache, num_blocks_for_budget
+from pagedserve.services.gpu_worker.kv_cache import KVCache, kv_bytes_per_token, num_blocks_for_budget
 from pagedserve.services.gpu_worker.loader import load_model
-from pagedserve.services.gpu_worker.model_config import UnsupportedModelError, dtype_name, load_model_config
+from pagedserve.services.gpu_worker.model_config import (
+    ModelConfig,
+    UnsupportedModelError,
+    dtype_name,
+    load_model_config,
+)
 from pagedserve.services.gpu_worker.parallel.rank_budget import rank_kv_budget_bytes
 from pagedserve.services.gpu_worker.parallel.shard_plan import ShardPlan
 from pagedserve.services.gpu_worker.parallel.sharded_loader import load_sharded_model
@@ -35,6 +40,7 @@ from pagedserve.services.gpu_worker.quantized.scheme import read_scheme
 from pagedserve.services.gpu_worker.request_state import RequestState
 from pagedserve.services.gpu_worker.sampler import sample
 from pagedserve.services.gpu_worker.sampling_batch import SamplingRow, build_sampling_batch
+from pagedserve.services.gpu_worker.spec_decode.draft_model import DraftModel, DraftModelProposer, load_draft_model
 from pagedserve.services.gpu_worker.spec_decode.verify_step import verify_step
 from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 from pagedserve.shared.step_protocol import FailedRequest, ModelDescription, StepOutput, TokenLogprobs
@@ -78,9 +84,15 @@ class ModelRunner:
             self.model = load_sharded_model(config.model_dir, plan, tp, self.backend, self.max_model_len,
                                             self.platform, config.load_format)
         self.eos_token_ids = eos_token_ids(config.model_dir)
-        num_blocks = num_blocks_for_budget(local, rank_kv_budget_bytes(self.platform, config, tp), config.block_size,
-                                           kv_dtype)
+        draft = self._load_draft(mc) if config.draft_model_dir else None
+        budget = rank_kv_budget_bytes(self.platform, config, tp)
+        if draft is not None:  # the pool pays for the draft's shadow of every block too
+            own = kv_bytes_per_token(local, kv_dtype)
+            budget = budget * own // (own + draft.kv_bytes_per_token)
+        num_blocks = num_blocks_for_budget(local, budget, config.block_size, kv_dtype)
         self.kv_cache = KVCache.allocate(local, num_blocks, config.block_size, self.device, kv_dtype)
+        self.drafter = None if draft is None else DraftModelProposer(draft, num_blocks, config.block_size,
+                                                                     self.platform)
         if tp is None:
             self.forward = self.platform.model_forward(self.model, self.backend, self.kv_cache)
         else:  # the layer by layer forward, whose row-parallel linears all-reduce (no one-call C decode)
@@ -96,6 +108,15 @@ class ModelRunner:
                 self.enable_graphs(CudaGraphBackend(self.device))
             else:
                 log.info("decode graphs need the triton attention backend: running eagerly")
+
+    def _load_draft(self, target: ModelConfig) -> DraftModel:
+        draft_dir = self.config.draft_model_dir
+        assert draft_dir is not None
+        draft = load_draft_model(draft_dir, self.config, self.platform, target, str(self.config.model_dir),
+                                 self.max_model_len)
+        log.info("draft model %s: %d layers in %s", draft_dir, draft.model.config.num_layers,
+                 dtype_name(draft.model.config.dtype))
+        return draft
 
     def enable_graphs(self, backend: GraphBackend) -> None:
         """Capture the decode graphs of `--cuda-graph-sizes` (tests pass a fake backend on CPU)."""

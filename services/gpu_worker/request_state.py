@@ -29,6 +29,9 @@ class RequestState:
     dropped: bool = False  # failed in the worker: outputs of steps still in flight for it are not reported
     # this step's draft tokens (speculative decoding): computed after token_ids, verified, then cleared
     draft_token_ids: list[int] = field(default_factory=list)
+    # draft model: positions [0, draft_num_computed) hold valid keys and values in the draft model's KV cache
+    # (spec_decode/draft_model.py); never more than num_computed_tokens once a step is verified
+    draft_num_computed: int = 0
     # with sampling.prompt_logprobs: the entries of the prompt chunks computed so far (prompt_logprobs.py), sent
     # with the first token sampled after the whole prompt (then prompt_logprobs_sent)
     prompt_logprobs: list[TokenLogprobs] = field(default_factory=list)

@@ -15,7 +15,7 @@ from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.gpu_worker.pending_output import PendingOutput
 from pagedserve.services.gpu_worker.request_checks import WorkerLimits, check_cached_request, check_new_request
 from pagedserve.services.gpu_worker.request_state import RequestState
-from pagedserve.services.gpu_worker.spec_decode.drafts import attach_drafts
+from pagedserve.services.gpu_worker.spec_decode.drafts import attach_drafts, attach_model_drafts
 from pagedserve.services.gpu_worker.worker_config import WorkerConfig
 from pagedserve.shared.step_protocol import FailedRequest, ModelDescription, NewRequest, StepInput, StepOutput
 from pagedserve.shared.structured_output import StructuredOutput
@@ -66,6 +66,9 @@ class Worker:
             self.requests.pop(req_id, None)
         failed = self._apply_deltas(step)
         failed |= attach_drafts(step, self.requests)
+        if step.draft_model_slots:
+            drafter = self.runner.drafter
+            failed |= attach_model_drafts(step, self.requests, drafter.propose if drafter is not None else None)
         scheduled = {req_id: n for req_id, n in step.num_scheduled_tokens.items() if req_id not in failed}
         for req_id in [r for r in scheduled if r not in self.requests]:
             failed[req_id] = FailedRequest(req_id, "scheduled but unknown to the worker", invalid_argument=False)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pagedserve.shared.cli_config import check_choices
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
 KVCacheDtypeName = Literal["auto", "float32", "bfloat16", "float16", "fp8", "fp8_e4m3"]  # fp8: e4m3, CUDA only
@@ -40,8 +41,23 @@ class WorkerConfig:
     tensor_parallel_size: int = field(default=1, metadata={  # vLLM's name
         "aliases": ("-tp",), "help": "ranks the model is split over (one process a device; on CPU the threads split)"})
     distributed_timeout_s: float = 60.0  # tensor parallelism: a collective waiting longer fails the worker
+    # the scheduler's flag too (`serve` gives both the one value): the worker reads a draft model's folder from it
+    speculative_config: str = field(default="", metadata={"help": (
+        'speculative decoding as vLLM\'s JSON (empty: off): \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 8}\' or \'{"method": '
+        '"draft_model", "model": "DRAFT_DIR", "num_speculative_tokens": 4}\' (a small model of the same tokenizer '
+        'that the worker runs beside the target; docs/speculative_decoding.md)')})
 
     def __post_init__(self) -> None:
         check_choices(self)
         if self.tensor_parallel_size < 1:
             raise ValueError("--tensor-parallel-size must be at least 1")
+        speculative = SpeculativeConfig.from_json(self.speculative_config)  # refuses a bad one at start
+        if speculative is not None and speculative.uses_draft_model and self.tensor_parallel_size > 1:
+            raise ValueError("a draft model (--speculative-config) runs on one device: not with tensor parallelism")
+
+    @property
+    def draft_model_dir(self) -> str | None:
+        """The draft model's folder when speculation uses one."""
+        speculative = SpeculativeConfig.from_json(self.speculative_config)
+        return speculative.model if speculative is not None and speculative.uses_draft_model else None

@@ -27,6 +27,8 @@ def step_input_to_pb(step: StepInput, step_id: int = 0, traceparents: Mapping[st
         finished_req_ids=step.finished_req_ids,
         draft_tokens=[worker_pb2.DraftTokens(req_id=req_id, token_ids=drafts)
                       for req_id, drafts in step.draft_token_ids.items()],
+        draft_model_slots=[worker_pb2.DraftModelSlots(req_id=req_id, num_slots=n)
+                           for req_id, n in step.draft_model_slots.items()],
         step_id=step_id, incarnation_id=step.incarnation_id, traceparent=step_traceparent)
 
 
@@ -41,7 +43,8 @@ def step_input_from_pb(pb: worker_pb2.StepRequest) -> StepInput:
         num_scheduled_tokens=dict(zip(pb.scheduled_req_ids, pb.num_scheduled_tokens, strict=True)),
         finished_req_ids=list(pb.finished_req_ids),
         incarnation_id=pb.incarnation_id,
-        draft_token_ids={d.req_id: list(d.token_ids) for d in pb.draft_tokens})
+        draft_token_ids={d.req_id: list(d.token_ids) for d in pb.draft_tokens},
+        draft_model_slots={d.req_id: d.num_slots for d in pb.draft_model_slots})
 
 
 def traceparents_from_pb(pb: worker_pb2.StepRequest) -> dict[str, str]:

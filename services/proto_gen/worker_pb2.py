@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagedserve.services.proto_gen import common_pb2 as pagedserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagedserve/v1/worker.proto\x12\rpagedserve.v1\x1a\x1apagedserve/v1/common.proto\"S\n\x15PrepareGrammarRequest\x12:\n\x11structured_output\x18\x01 \x01(\x0b\x32\x1f.pagedserve.v1.StructuredOutput\".\n\x13PrepareGrammarReply\x12\x17\n\x0f\x63ompile_time_ns\x18\x01 \x01(\x04\"\xc0\x01\n\nNewRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\"S\n\rCachedRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\"\xb8\x02\n\x0bStepRequest\x12/\n\x0cnew_requests\x18\x01 \x03(\x0b\x32\x19.pagedserve.v1.NewRequest\x12\x35\n\x0f\x63\x61\x63hed_requests\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.CachedRequest\x12\x19\n\x11scheduled_req_ids\x18\x03 \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x04 \x03(\r\x12\x18\n\x10\x66inished_req_ids\x18\x05 \x03(\t\x12\x0f\n\x07step_id\x18\x06 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x30\n\x0c\x64raft_tokens\x18\t \x03(\x0b\x32\x1a.pagedserve.v1.DraftTokens\"0\n\x0b\x44raftTokens\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"6\n\x0e\x41\x63\x63\x65ptedDrafts\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\r\"P\n\x0ePromptLogprobs\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\"r\n\x0cSampledToken\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x33\n\x08logprobs\x18\x03 \x01(\x0b\x32\x1c.pagedserve.v1.TokenLogprobsH\x00\x88\x01\x01\x42\x0b\n\t_logprobs\"J\n\rFailedRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10invalid_argument\x18\x03 \x01(\x08\"\xb6\x02\n\tStepReply\x12,\n\x07sampled\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampledToken\x12\x17\n\x0f\x66orward_time_ns\x18\x02 \x01(\x04\x12\x16\n\x0esample_time_ns\x18\x05 \x01(\x04\x12\x14\n\x0cidle_time_ns\x18\x06 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x03 \x01(\t\x12,\n\x06\x66\x61iled\x18\x04 \x03(\x0b\x32\x1c.pagedserve.v1.FailedRequest\x12\x36\n\x0f\x61\x63\x63\x65pted_drafts\x18\x07 \x03(\x0b\x32\x1d.pagedserve.v1.AcceptedDrafts\x12\x36\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1d.pagedserve.v1.PromptLogprobs2\xb9\x02\n\rWorkerService\x12K\n\x08\x44\x65scribe\x12\x1e.pagedserve.v1.DescribeRequest\x1a\x1f.pagedserve.v1.ModelDescription\x12<\n\x04Step\x12\x1a.pagedserve.v1.StepRequest\x1a\x18.pagedserve.v1.StepReply\x12\x41\n\x05Steps\x12\x1a.pagedserve.v1.StepRequest\x1a\x18.pagedserve.v1.StepReply(\x01\x30\x01\x12Z\n\x0ePrepareGrammar\x12$.pagedserve.v1.PrepareGrammarRequest\x1a\".pagedserve.v1.PrepareGrammarReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apagedserve/v1/worker.proto\x12\rpagedserve.v1\x1a\x1apagedserve/v1/common.proto\"S\n\x15PrepareGrammarRequest\x12:\n\x11structured_output\x18\x01 \x01(\x0b\x32\x1f.pagedserve.v1.StructuredOutput\".\n\x13PrepareGrammarReply\x12\x17\n\x0f\x63ompile_time_ns\x18\x01 \x01(\x04\"\xc0\x01\n\nNewRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.pagedserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x05 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x06 \x01(\r\x12\x13\n\x0btraceparent\x18\x07 \x01(\t\"S\n\rCachedRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x15\n\rnew_block_ids\x18\x02 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x03 \x01(\r\"\xf3\x02\n\x0bStepRequest\x12/\n\x0cnew_requests\x18\x01 \x03(\x0b\x32\x19.pagedserve.v1.NewRequest\x12\x35\n\x0f\x63\x61\x63hed_requests\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.CachedRequest\x12\x19\n\x11scheduled_req_ids\x18\x03 \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x04 \x03(\r\x12\x18\n\x10\x66inished_req_ids\x18\x05 \x03(\t\x12\x0f\n\x07step_id\x18\x06 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x07 \x01(\t\x12\x13\n\x0btraceparent\x18\x08 \x01(\t\x12\x30\n\x0c\x64raft_tokens\x18\t \x03(\x0b\x32\x1a.pagedserve.v1.DraftTokens\x12\x39\n\x11\x64raft_model_slots\x18\n \x03(\x0b\x32\x1e.pagedserve.v1.DraftModelSlots\"4\n\x0f\x44raftModelSlots\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\tnum_slots\x18\x02 \x01(\r\"0\n\x0b\x44raftTokens\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\"6\n\x0e\x41\x63\x63\x65ptedDrafts\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x14\n\x0cnum_accepted\x18\x02 \x01(\r\"P\n\x0ePromptLogprobs\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.pagedserve.v1.TokenLogprobs\"r\n\x0cSampledToken\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\x12\x33\n\x08logprobs\x18\x03 \x01(\x0b\x32\x1c.pagedserve.v1.TokenLogprobsH\x00\x88\x01\x01\x42\x0b\n\t_logprobs\"J\n\rFailedRequest\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x18\n\x10invalid_argument\x18\x03 \x01(\x08\"\xb6\x02\n\tStepReply\x12,\n\x07sampled\x18\x01 \x03(\x0b\x32\x1b.pagedserve.v1.SampledToken\x12\x17\n\x0f\x66orward_time_ns\x18\x02 \x01(\x04\x12\x16\n\x0esample_time_ns\x18\x05 \x01(\x04\x12\x14\n\x0cidle_time_ns\x18\x06 \x01(\x04\x12\x16\n\x0eincarnation_id\x18\x03 \x01(\t\x12,\n\x06\x66\x61iled\x18\x04 \x03(\x0b\x32\x1c.pagedserve.v1.FailedRequest\x12\x36\n\x0f\x61\x63\x63\x65pted_drafts\x18\x07 \x03(\x0b\x32\x1d.pagedserve.v1.AcceptedDrafts\x12\x36\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1d.pagedserve.v1.PromptLogprobs2\xb9\x02\n\rWorkerService\x12K\n\x08\x44\x65scribe\x12\x1e.pagedserve.v1.DescribeRequest\x1a\x1f.pagedserve.v1.ModelDescription\x12<\n\x04Step\x12\x1a.pagedserve.v1.StepRequest\x1a\x18.pagedserve.v1.StepReply\x12\x41\n\x05Steps\x12\x1a.pagedserve.v1.StepRequest\x1a\x18.pagedserve.v1.StepReply(\x01\x30\x01\x12Z\n\x0ePrepareGrammar\x12$.pagedserve.v1.PrepareGrammarRequest\x1a\".pagedserve.v1.PrepareGrammarReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,19 +41,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CACHEDREQUEST']._serialized_start=401
   _globals['_CACHEDREQUEST']._serialized_end=484
   _globals['_STEPREQUEST']._serialized_start=487
-  _globals['_STEPREQUEST']._serialized_end=799
-  _globals['_DRAFTTOKENS']._serialized_start=801
-  _globals['_DRAFTTOKENS']._serialized_end=849
-  _globals['_ACCEPTEDDRAFTS']._serialized_start=851
-  _globals['_ACCEPTEDDRAFTS']._serialized_end=905
-  _globals['_PROMPTLOGPROBS']._serialized_start=907
-  _globals['_PROMPTLOGPROBS']._serialized_end=987
-  _globals['_SAMPLEDTOKEN']._serialized_start=989
-  _globals['_SAMPLEDTOKEN']._serialized_end=1103
-  _globals['_FAILEDREQUEST']._serialized_start=1105
-  _globals['_FAILEDREQUEST']._serialized_end=1179
-  _globals['_STEPREPLY']._serialized_start=1182
-  _globals['_STEPREPLY']._serialized_end=1492
-  _globals['_WORKERSERVICE']._serialized_start=1495
-  _globals['_WORKERSERVICE']._serialized_end=1808
+  _globals['_STEPREQUEST']._serialized_end=858
+  _globals['_DRAFTMODELSLOTS']._serialized_start=860
+  _globals['_DRAFTMODELSLOTS']._serialized_end=912
+  _globals['_DRAFTTOKENS']._serialized_start=914
+  _globals['_DRAFTTOKENS']._serialized_end=962
+  _globals['_ACCEPTEDDRAFTS']._serialized_start=964
+  _globals['_ACCEPTEDDRAFTS']._serialized_end=1018
+  _globals['_PROMPTLOGPROBS']._serialized_start=1020
+  _globals['_PROMPTLOGPROBS']._serialized_end=1100
+  _globals['_SAMPLEDTOKEN']._serialized_start=1102
+  _globals['_SAMPLEDTOKEN']._serialized_end=1216
+  _globals['_FAILEDREQUEST']._serialized_start=1218
+  _globals['_FAILEDREQUEST']._serialized_end=1292
+  _globals['_STEPREPLY']._serialized_start=1295
+  _globals['_STEPREPLY']._serialized_end=1605
+  _globals['_WORKERSERVICE']._serialized_start=1608
+  _globals['_WORKERSERVICE']._serialized_end=1921
 # @@protoc_insertion_point(module_scope)

@@ -48,7 +48,7 @@ class CachedRequest(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., new_block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id", "incarnation_id", "traceparent", "draft_tokens")
+    __slots__ = ("new_requests", "cached_requests", "scheduled_req_ids", "num_scheduled_tokens", "finished_req_ids", "step_id", "incarnation_id", "traceparent", "draft_tokens", "draft_model_slots")
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     CACHED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class StepRequest(_message.Message):
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_SLOTS_FIELD_NUMBER: _ClassVar[int]
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     cached_requests: _containers.RepeatedCompositeFieldContainer[CachedRequest]
     scheduled_req_ids: _containers.RepeatedScalarFieldContainer[str]
@@ -67,7 +68,16 @@ class StepRequest(_message.Message):
     incarnation_id: str
     traceparent: str
     draft_tokens: _containers.RepeatedCompositeFieldContainer[DraftTokens]
-    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., draft_tokens: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ...) -> None: ...
+    draft_model_slots: _containers.RepeatedCompositeFieldContainer[DraftModelSlots]
+    def __init__(self, new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., cached_requests: _Optional[_Iterable[_Union[CachedRequest, _Mapping]]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., incarnation_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., draft_tokens: _Optional[_Iterable[_Union[DraftTokens, _Mapping]]] = ..., draft_model_slots: _Optional[_Iterable[_Union[DraftModelSlots, _Mapping]]] = ...) -> None: ...
+
+class DraftModelSlots(_message.Message):
+    __slots__ = ("req_id", "num_slots")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    num_slots: int
+    def __init__(self, req_id: _Optional[str] = ..., num_slots: _Optional[int] = ...) -> None: ...
 
 class DraftTokens(_message.Message):
     __slots__ = ("req_id", "token_ids")

@@ -33,12 +33,12 @@ from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager, Prefi
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.scheduler_config import SchedulerConfig
 from pagedserve.services.scheduler.scheduler_counters import SchedulerCounters
-from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
-from pagedserve.services.scheduler.spec_decode.planner import DraftPlanner
+from pagedserve.services.scheduler.spec_decode.planner import NO_DRAFTS, DraftPlanner, Drafts
 from pagedserve.services.scheduler.stop_checker import check_stop
 from pagedserve.services.scheduler.waiting_queue import WaitingQueue
 from pagedserve.shared.request_io import FinishReason, GenerateRequest, RequestOutput
 from pagedserve.shared.scheduler_stats import SchedulerStats
+from pagedserve.shared.speculative_config import SpeculativeConfig
 from pagedserve.shared.step_protocol import (
     CachedRequest,
     FailedRequest,
@@ -181,11 +181,11 @@ class Scheduler:
                 index += 1
                 continue  # the steps in flight take it to its length limit, or it waits for them to draft after
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
-            drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else []
+            drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else NO_DRAFTS
             if not self._allocate_or_preempt(request, num_new, index, preempted):
                 continue  # the request preempted itself: the one after it is at `index` now
             self._schedule(request, num_new, scheduled, drafts)
-            budget -= num_new + len(drafts)
+            budget -= num_new + drafts.count
             index += 1
         for request in itertools.chain(for_slots, preempted):
             if request.on_worker:
@@ -225,11 +225,11 @@ class Scheduler:
         return max(range(start, len(running)),
                    key=lambda i: (running[i].priority, over(running[i].tenant), share(running[i].tenant), i))
 
-    def _drafts(self, request: Request, budget_left: int) -> list[int]:
-        """A decode's draft tokens, their KV slots reserved; none when the pool has no room for them."""
+    def _drafts(self, request: Request, budget_left: int) -> Drafts:
+        """A decode's drafts, their KV slots reserved; none when the pool has no room for them."""
         drafts = self.drafts.drafts(request, budget_left)
-        if drafts and self.kv.allocate_slots(request, 1 + len(drafts)) is None:
-            return []
+        if drafts.count and self.kv.allocate_slots(request, 1 + drafts.count) is None:
+            return NO_DRAFTS
         return drafts
 
     def _reached_limit(self, request: Request) -> bool:
@@ -306,11 +306,12 @@ class Scheduler:
         self.running.insert(bisect.bisect_right(self.running, request.priority, key=lambda r: r.priority), request)
 
     def _schedule(self, request: Request, num_new: int, scheduled: SchedulerOutput,
-                  drafts: list[int] | None = None) -> None:
+                  drafts: Drafts = NO_DRAFTS) -> None:
         """Add the request to the step, as a new mirror or as the delta since its last step, and count the step's
         tokens as computed (a step that reaches the end of its tokens samples one more: a placeholder until then).
-        Draft tokens are computed after the last known one; until the output settles them (DraftPlanner.settle)
-        they count as computed and the step holds one placeholder."""
+        Draft positions are computed after the last known one (their tokens sent, or a draft model's slots counted);
+        until the output settles them (DraftPlanner.settle) they count as computed and the step holds one
+        placeholder."""
         step = scheduled.step_input
         block_ids = self.kv.block_ids(request.req_id)
         if request.on_worker:
@@ -328,11 +329,14 @@ class Scheduler:
         self.fair_share.charge(request.tenant, num_new, request.tenant_weight)
         if request.num_computed_tokens == request.num_tokens_ahead:
             request.num_placeholders += 1
-        if drafts:
-            step.draft_token_ids[request.req_id] = drafts
-            step.num_scheduled_tokens[request.req_id] += len(drafts)
-            request.num_computed_tokens += len(drafts)
-            request.num_drafts_in_flight = len(drafts)
+        if drafts.count:
+            if drafts.token_ids:
+                step.draft_token_ids[request.req_id] = list(drafts.token_ids)
+            else:
+                step.draft_model_slots[request.req_id] = drafts.num_worker_slots
+            step.num_scheduled_tokens[request.req_id] += drafts.count
+            request.num_computed_tokens += drafts.count
+            request.num_drafts_in_flight = drafts.count
 
     # --- after the worker ran the step ---------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 @dataclass(frozen=True)
@@ -20,8 +20,9 @@ class SchedulerConfig:
     prefill_finish_slack: int | None = None  # tokens a step may pass its budget by to finish a prompt (None: 1/8)
     speculative_config: str = field(default="", metadata={"help": (
         'speculative decoding as vLLM\'s JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
-        '"prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 8}\' (empty: off; '
-        'docs/speculative_decoding.md)')})
+        '"prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 8}\' or \'{"method": '
+        '"draft_model", "model": "DRAFT_DIR", "num_speculative_tokens": 4}\' (empty: off; the worker needs the '
+        'same value; docs/speculative_decoding.md)')})
 
     @property
     def finish_slack(self) -> int:

@@ -2,9 +2,9 @@
 
 Called by ModelRunner.launch in place of its `_sample` when a request of the step has drafts, before launch()
 advances each mirror's `num_computed_tokens` by its scheduled tokens. A drafted request's mirror then takes its
-emitted tokens, rolls back the rejected drafts (launch() then leaves it computed up to its last accepted draft) and
-drops the
-block ids past what those tokens need: the scheduler applies the same rule to its block table (DraftPlanner.settle).
+emitted tokens, rolls back the rejected drafts (launch() then leaves it computed up to its last accepted draft; a
+draft model's KV likewise) and drops the block ids past what those tokens need: the scheduler applies the same
+rule to its block table (DraftPlanner.settle).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ def _verify_drafted(requests: list[RequestState], logits: torch.Tensor, vocab_si
         if walk_state is not None:
             walk_state.settle(tokens)
         request.num_computed_tokens -= num_draft - num_accepted
+        # a draft model's KV stays valid only where its inputs were the accepted tokens
+        request.draft_num_computed = min(request.draft_num_computed, start + 1 + num_accepted)
         del request.block_ids[-(-(start + 1 + num_accepted) // block_size):]
         output.num_accepted_drafts[request.req_id] = num_accepted
         output.req_ids.extend([request.req_id] * len(tokens))

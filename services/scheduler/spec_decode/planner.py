@@ -1,6 +1,9 @@
 """Which requests speculate in a step, with which drafts, and what a verified step leaves behind.
 
 Contract with the Scheduler (scheduler.py calls these from its decode loop and from update_from_output):
+- Drafts come from the n-gram proposer here (their tokens travel in the step) or, with a draft model, from the
+  worker (only their count travels: `StepInput.draft_model_slots`); either way the same positions are budgeted,
+  reserved and settled, so nothing below depends on the method.
 - A request speculates only as a plain decode (one known token left to compute), with no step in flight for it
   (a request under a grammar drafts too: the worker masks each verification row with the grammar state after the
   drafts before it and rolls its matcher back past the rejected ones). Drafts are capped so that even if all are
@@ -9,7 +12,8 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
 - While its drafted step is in flight the request is not scheduled again (async scheduling: the next step cannot
   know how many tokens it accepts; steps for other requests still overlap). A request whose plain step is in
   flight cannot draft either (its last token is unknown): it sits out the next step when its context's tail
-  recurs (`holds_back`: it is copying, drafts are likely), else it keeps the usual placeholder pipelining.
+  recurs (`holds_back`: it is copying, drafts are likely), else it keeps the usual placeholder pipelining. A draft
+  model can always propose, so with one such a request always sits the step out.
 - `settle` runs first when the step's output comes back: the request rolls back its computed tokens past the
   accepted drafts and frees the blocks the rejected tail held (the worker applies the same rule to its mirror), so
   prefix-cache hashes, which cover only `token_ids`, only ever see accepted tokens.
@@ -17,11 +21,28 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
 from pagedserve.services.scheduler.request import Request, RequestStatus
-from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
 from pagedserve.services.scheduler.spec_decode.counters import SpecDecodeCounters
 from pagedserve.services.scheduler.spec_decode.ngram_proposer import NgramProposer
+from pagedserve.shared.speculative_config import SpeculativeConfig
+
+
+@dataclass(frozen=True)
+class Drafts:
+    """A decode's draft positions in one step: the tokens proposed here, or a count the worker's draft model fills."""
+
+    token_ids: tuple[int, ...] = ()
+    num_worker_slots: int = 0  # draft model: positions the worker proposes for (token_ids is then empty)
+
+    @property
+    def count(self) -> int:
+        return len(self.token_ids) + self.num_worker_slots
+
+
+NO_DRAFTS = Drafts()
 
 
 class DraftPlanner:
@@ -36,19 +57,25 @@ class DraftPlanner:
         limit = self.config.disable_by_batch_size
         return limit == 0 or num_running < limit
 
-    def drafts(self, request: Request, budget_left: int) -> list[int]:
-        """Draft tokens for a request about to be scheduled as a one-token decode (empty: no speculation)."""
+    def drafts(self, request: Request, budget_left: int) -> Drafts:
+        """The drafts of a request about to be scheduled as a one-token decode (none: no speculation)."""
         if request.num_placeholders:
-            return []
+            return NO_DRAFTS
         cap = min(self.config.num_speculative_tokens, budget_left,
                   request.sampling.max_tokens - request.num_output_tokens - 1,
                   self.max_model_len - request.num_tokens - 1)
-        return self.proposer.propose(request.token_ids, cap)
+        if cap < 1:
+            return NO_DRAFTS
+        if self.config.uses_draft_model:
+            return Drafts(num_worker_slots=cap)
+        return Drafts(token_ids=tuple(self.proposer.propose(request.token_ids, cap)))
 
     def holds_back(self, request: Request) -> bool:
         """Whether to keep a request with a plain step in flight out of the next step, so that the step after can
         draft from the token that one samples: only when its known context's tail recurs (it is copying). Else it
         keeps pipelining plain decodes."""
+        if self.config.uses_draft_model:
+            return request.num_placeholders > 0
         return request.num_placeholders > 0 and bool(self.proposer.propose(request.token_ids, 1))
 
     def settle(self, request: Request, num_accepted: int, kv: KVCacheManager) -> None:

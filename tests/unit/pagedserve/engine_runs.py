@@ -33,12 +33,14 @@ class Run:
     scheduler: Scheduler | None = None  # the run's scheduler, for its counters
 
 
-def exact_worker(model_dir: Path) -> Worker:
-    """fp32 products and cache: a request's numbers do not depend on its batch, so two runs must agree."""
+def exact_worker(model_dir: Path, speculative_config: str = "") -> Worker:
+    """fp32 products and cache: a request's numbers do not depend on its batch, so two runs must agree. With a
+    draft model in `speculative_config` (no larger than the target) the budget doubles: at least 256 blocks."""
     model_config = load_model_config(model_dir)
+    budget = 256 * 16 * kv_bytes_per_token(model_config, torch.float32) * (2 if speculative_config else 1)
     return Worker(WorkerConfig(model_dir=str(model_dir), dtype="float32", kv_cache_dtype="float32",
-                               int8_activations=False, kv_cache_memory_bytes=256 * 16 * kv_bytes_per_token(
-                                   model_config, torch.float32)))
+                               int8_activations=False, kv_cache_memory_bytes=budget,
+                               speculative_config=speculative_config))
 
 
 def chat_requests(model_dir: Path, contents: Sequence[str],
@@ -88,11 +90,12 @@ def batch_invariant_worker(model_dir: Path, num_blocks: int = 256) -> Worker:
 
 
 def run(worker: Worker, requests: list[GenerateRequest], async_scheduling: bool, num_blocks: int | None = None,
-        aborts: dict[int, int] | None = None, speculative_config: str = "", max_num_seqs: int | None = None
-        ) -> Run:
+        aborts: dict[int, int] | None = None, speculative_config: str = "", max_num_seqs: int | None = None,
+        enable_prefix_caching: bool = True) -> Run:
     """Every request to its end (`aborts`: request index -> the engine step that aborts it); then no mirror or
     matcher is left on the worker and every KV block is free."""
-    config = SchedulerConfig(max_num_batched_tokens=256, speculative_config=speculative_config)
+    config = SchedulerConfig(max_num_batched_tokens=256, speculative_config=speculative_config,
+                             enable_prefix_caching=enable_prefix_caching)
     if max_num_seqs is not None:
         config = replace(config, max_num_seqs=max_num_seqs)
     engine = LLMEngine(worker, config, async_scheduling)

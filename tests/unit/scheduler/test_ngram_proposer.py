@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.services.scheduler.spec_decode.config import SpeculativeConfig
 from pagedserve.services.scheduler.spec_decode.ngram_proposer import NgramProposer
+from pagedserve.shared.speculative_config import SpeculativeConfig
 
 
 def test_drafts_continue_the_latest_earlier_occurrence_of_the_longest_tail():
@@ -25,4 +25,20 @@ def test_config_takes_vllms_json_and_refuses_what_it_cannot_do():
     for bad in ('{"method": "draft_model", "num_speculative_tokens": 3}', '{"num_speculative_tokens": 99}',
                 '{"prompt_lookup_min": 5, "prompt_lookup_max": 2}', '{"lookup": 1}', "[1]", "{"):
         with pytest.raises(ValueError):
+            SpeculativeConfig.from_json(bad)
+
+
+def test_config_takes_a_draft_model_and_refuses_it_without_its_folder():
+    config = SpeculativeConfig.from_json(
+        '{"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 3, "disable_by_batch_size": 4}')
+    assert (config.method, config.model, config.num_speculative_tokens, config.disable_by_batch_size) == (
+        "draft_model", "/m/draft", 3, 4)
+    assert config.uses_draft_model
+    assert SpeculativeConfig.from_json('{"model": "/m/draft"}').method == "draft_model"  # vLLM infers it
+    for bad, says in (('{"method": "draft_model"}', "needs \"model\""),
+                      ('{"method": "eagle", "model": "/m/e"}', "not supported"),
+                      ('{"method": "ngram", "model": "/m/draft"}', "is for method"),
+                      ('{"method": "draft_model", "model": 3}', "must be a string"),
+                      ('{"method": "draft_model", "model": "/m", "num_speculative_tokens": 0}', "num_speculative")):
+        with pytest.raises(ValueError, match=says):
             SpeculativeConfig.from_json(bad)

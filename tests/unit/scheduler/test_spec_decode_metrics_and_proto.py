@@ -38,8 +38,10 @@ def test_metrics_expose_vllms_names_with_a_position_label():
 
 
 def test_drafts_and_acceptance_cross_the_worker_contract():
-    step = StepInput(num_scheduled_tokens={"a": 4, "b": 1}, draft_token_ids={"a": [5, 6, 7]})
-    assert step_input_from_pb(step_input_to_pb(step)).draft_token_ids == {"a": [5, 6, 7]}
+    step = StepInput(num_scheduled_tokens={"a": 4, "b": 1, "c": 3}, draft_token_ids={"a": [5, 6, 7]},
+                     draft_model_slots={"c": 2})
+    back_step = step_input_from_pb(step_input_to_pb(step))
+    assert (back_step.draft_token_ids, back_step.draft_model_slots) == ({"a": [5, 6, 7]}, {"c": 2})
     output = StepOutput(req_ids=["a", "a", "b"], sampled_token_ids=[5, 9, 3], logprobs=[None] * 3,
                         num_accepted_drafts={"a": 1})
     back = step_output_from_pb(step_output_to_pb(output))

@@ -16,9 +16,14 @@ SPEC = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_looku
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 5, 6]  # "5 6" recurs: drafts 7 8 9 10
 
 
-def _prefilled(max_tokens: int = 20, stop_token_ids: tuple[int, ...] = (), budget: int = 64) -> Scheduler:
+DRAFT_MODEL = json.dumps({"method": "draft_model", "model": "/drafts/tiny", "num_speculative_tokens": 4,
+                          "disable_by_batch_size": 0})
+
+
+def _prefilled(max_tokens: int = 20, stop_token_ids: tuple[int, ...] = (), budget: int = 64, spec: str = SPEC
+               ) -> Scheduler:
     """A request whose prompt is computed and whose first output (token 7 sampled by the prompt step) is in."""
-    scheduler = Scheduler(make_config(speculative_config=SPEC, max_num_batched_tokens=budget), describe())
+    scheduler = Scheduler(make_config(speculative_config=spec, max_num_batched_tokens=budget), describe())
     scheduler.add_request(gen("a", PROMPT, max_tokens=max_tokens, stop_token_ids=stop_token_ids))
     while not scheduler.requests["a"].num_placeholders:  # prompt chunks, which never draft
         chunk = scheduler.schedule()
@@ -72,3 +77,37 @@ def test_off_when_the_batch_reaches_disable_by_batch_size():
     first = scheduler.schedule()
     scheduler.update_from_output(first, StepOutput(["a", "b"], [7, 27], [None, None]))
     assert scheduler.schedule().step_input.draft_token_ids == {}
+
+
+def test_a_draft_model_gets_positions_not_tokens_and_settles_the_same_way():
+    """With a draft model the step carries a count (the worker proposes); budget, slots, the wait for the output
+    and the rollback of the rejected tail are the n-gram path's."""
+    scheduler = _prefilled(spec=DRAFT_MODEL)
+    step = scheduler.schedule()
+    assert (step.step_input.draft_token_ids, step.step_input.draft_model_slots) == ({}, {"a": 4})
+    assert step.step_input.num_scheduled_tokens == {"a": 5}
+    assert len(scheduler.kv.block_ids("a")) == 4
+    assert scheduler.schedule().step_input.is_empty  # waits for its drafts' output
+    out = scheduler.update_from_output(step, StepOutput(["a"] * 3, [30, 31, 32], [None] * 3,
+                                                        num_accepted_drafts={"a": 2}))
+    assert out[0].new_token_ids == [30, 31, 32]
+    request = scheduler.requests["a"]
+    assert request.num_computed_tokens == 12 and len(scheduler.kv.block_ids("a")) == 3
+    scheduler.kv.check_integrity()
+    assert scheduler.drafts.counters.num_accepted_per_position == [1, 1, 0, 0]
+    assert scheduler.schedule().step_input.draft_model_slots == {"a": 4}  # drafts again from the new last token
+
+
+def test_a_draft_model_request_waits_for_its_plain_step_and_stops_short_of_limits():
+    """A request whose plain step is in flight sits the next step out (a draft model can always propose once its
+    last token is known); slots stop short of max_tokens and of the budget."""
+    scheduler = Scheduler(make_config(speculative_config=DRAFT_MODEL), describe())
+    scheduler.add_request(gen("a", PROMPT, max_tokens=20))
+    prompt_step = scheduler.schedule()
+    assert scheduler.requests["a"].num_placeholders == 1
+    assert scheduler.schedule().step_input.is_empty  # held back, not pipelined
+    scheduler.update_from_output(prompt_step, StepOutput(["a"], [7], [None]))
+    assert scheduler.schedule().step_input.draft_model_slots == {"a": 4}
+    assert _prefilled(max_tokens=3, spec=DRAFT_MODEL).schedule().step_input.draft_model_slots == {"a": 1}
+    assert _prefilled(budget=3, spec=DRAFT_MODEL).schedule().step_input.draft_model_slots == {"a": 2}
+    assert _prefilled(max_tokens=2, spec=DRAFT_MODEL).schedule().step_input.draft_model_slots == {}

@@ -67,6 +67,18 @@ def test_vllm_names_reach_the_right_services():
     assert worker_argv[3] == MODEL and worker_argv[worker_argv.index("--model-name") + 1] == "x"
 
 
+def test_one_speculative_config_reaches_the_scheduler_and_the_worker():
+    """The scheduler plans draft positions from it, the worker loads the draft model it names."""
+    text = '{"method": "draft_model", "model": "models/draft", "num_speculative_tokens": 3}'
+    config = parse(MODEL, "--speculative-config", text)
+    assert config.scheduler.scheduler.speculative_config == config.worker.worker.speculative_config == text
+    assert config.worker.worker.draft_model_dir == "models/draft"
+    for name in ("scheduler", "worker"):
+        argv = child_command(config, name)
+        assert argv[argv.index("--speculative-config") + 1] == text
+    assert "--speculative-config" not in child_command(config, "gateway")
+
+
 def test_children_parse_their_commands_into_the_same_configs():
     config = parse(MODEL, *VLLM_FLAGS, "--log-level", "debug", "--no-torch-compile", "--redis-url", "redis://r:1/0")
     env = child_environment(config, {})
