@@ -178,6 +178,17 @@ static void quantize_row(const float *x, int in, const quantized_t *qx, int r) {
             : [w] "r"(w), [q0] "r"(q0), [q3] "r"(q0 + 3 * stride), [stride] "r"(stride), [nibble] "m"(nibble)      \
             : "ymm12", "ymm13", "ymm14", "ymm15", "memory")
 
+/* The AVX2 tiles' fp32 sums of `rows` rows x panel p's 16 columns (+ bias) into y, the padding columns left out. */
+INLINE void store_panel(__m256 acc[][2], int rows, int row0, const float *bias, float *y, int out, int64_t p) {
+    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
+    for (int r = 0; r < rows; r++) {
+        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
+        _mm256_storeu_ps(sums, acc[r][0]);
+        _mm256_storeu_ps(sums + 8, acc[r][1]);
+        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
+    }
+}
+
 INLINE void group_sums(const uint8_t *w, const int8_t *q0, int64_t stride, int rows, __m256i a[12]) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < 12; i++) a[i] = _mm256_setzero_si256();
@@ -214,13 +225,7 @@ static void tile(const quantized_t *x, int row0, int rows, const weights_t *wt, 
             }
         }
     }
-    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
-    for (int r = 0; r < rows; r++) {
-        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
-        _mm256_storeu_ps(sums, acc[r][0]);
-        _mm256_storeu_ps(sums + 8, acc[r][1]);
-        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
-    }
+    store_panel(acc, rows, row0, bias, y, out, p);
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -345,13 +350,7 @@ INLINE void tile8_rows(const quantized_t *x, int row0, const weights_t *wt, cons
             }
         }
     }
-    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
-    for (int r = 0; r < rows; r++) {
-        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
-        _mm256_storeu_ps(sums, acc[r][0]);
-        _mm256_storeu_ps(sums + 8, acc[r][1]);
-        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
-    }
+    store_panel(acc, rows, row0, bias, y, out, p);
 }
 
 static void tile8(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y, int in,
@@ -426,13 +425,7 @@ INLINE void tile5_rows(const quantized_t *x, int row0, const weights_t *wt, cons
             }
         }
     }
-    const int col0 = (int)p * PANEL, width = out - col0 < PANEL ? out - col0 : PANEL;
-    for (int r = 0; r < rows; r++) {
-        float sums[PANEL], *dst = y + (int64_t)(row0 + r) * out + col0;
-        _mm256_storeu_ps(sums, acc[r][0]);
-        _mm256_storeu_ps(sums + 8, acc[r][1]);
-        for (int j = 0; j < width; j++) dst[j] = bias ? sums[j] + bias[col0 + j] : sums[j];
-    }
+    store_panel(acc, rows, row0, bias, y, out, p);
 }
 
 static void tile5(const quantized_t *x, int row0, int rows, const weights_t *wt, const float *bias, float *y, int in,
