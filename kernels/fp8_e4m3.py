@@ -1,4 +1,5 @@
-"""fp32 -> float8 e4m3fn codes (torch.float8_e4m3fn, Triton's fp8e4nv) in integer ops, for the fp8 KV cache.
+"""float8 e4m3fn codes (torch.float8_e4m3fn, Triton's fp8e4nv) in integer ops: fp32 -> codes for the fp8 KV cache,
+codes -> fp32 for fp8 weights stored as uint8 (the weight-only GEMM).
 
 Contract: `encode_e4m3(x)` returns, as uint8, exactly the bits torch's `x.clamp(-448, 448).to(torch.float8_e4m3fn)`
 gives: round to nearest even, saturated to +-448 (e4m3fn has no infinity), NaN -> 0x7F, subnormals (|x| < 2**-6,
@@ -34,3 +35,15 @@ def encode_e4m3(x):
     sub = ((mag + 16384.0).to(tl.int32, bitcast=True) - 0x46800000)
     code = tl.where(mag_bits < 0x3C800000, sub, normal) | sign
     return tl.where(is_nan, 0x7F, code).to(tl.uint8)
+
+
+@triton.jit
+def decode_e4m3(bits):
+    """float8_e4m3fn bit patterns (int32 0-255) -> fp32: a normal's exponent and mantissa moved into fp32's
+    fields with the bias 7 -> 127, a subnormal (exponent 0) as mantissa * 2**-9. NaN (0x7f / 0xff) is not decoded
+    (weights hold none)."""
+    magnitude = bits & 0x7F
+    normal = ((magnitude << 20) + (120 << 23)).to(tl.float32, bitcast=True)
+    subnormal = (magnitude & 7).to(tl.float32) * 0.001953125
+    value = tl.where(magnitude < 8, subnormal, normal)
+    return tl.where(bits >= 128, -value, value)

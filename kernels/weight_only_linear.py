@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pagedserve.kernels.fp8_e4m3 import decode_e4m3
 from pagedserve.kernels.tile_dot import needs_fp32_dot, tile_dot
 from pagedserve.kernels.weight_only_formats import FP8Weight, Int4Weight
 
@@ -52,18 +53,6 @@ def _int4_linear_kernel(x_ptr, packed_ptr, scales_ptr, offsets_ptr, bias_ptr, ou
 
 
 @triton.jit
-def _e4m3_to_fp32(bits):
-    """float8_e4m3fn bit patterns (int32 0-255) -> fp32: a normal's exponent and mantissa moved into fp32's
-    fields with the bias 7 -> 127, a subnormal (exponent 0) as mantissa * 2**-9. NaN (0x7f / 0xff) is not decoded
-    (weights hold none)."""
-    magnitude = bits & 0x7F
-    normal = ((magnitude << 20) + (120 << 23)).to(tl.float32, bitcast=True)
-    subnormal = (magnitude & 7).to(tl.float32) * 0.001953125
-    value = tl.where(magnitude < 8, subnormal, normal)
-    return tl.where(bits >= 128, -value, value)
-
-
-@triton.jit
 def _fp8_linear_kernel(x_ptr, bits_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_om,
                        HAS_BIAS: tl.constexpr, FP32_DOT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr):
@@ -79,7 +68,7 @@ def _fp8_linear_kernel(x_ptr, bits_ptr, scale_ptr, bias_ptr, out_ptr, M, N, K, s
                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         bits = tl.load(bits_ptr + rows_n[None, :] * K + offs_k[:, None], mask=mask_k[:, None] & mask_n[None, :],
                        other=0)
-        w = _e4m3_to_fp32(bits.to(tl.int32))
+        w = decode_e4m3(bits.to(tl.int32))
         acc += tile_dot(x, w.to(x.dtype), FP32_DOT)
     acc *= tl.load(scale_ptr + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
