@@ -79,6 +79,26 @@ def assert_same_outputs(got: Run, reference: Run, requests: list[GenerateRequest
             assert len(got.tokens[req_id]) <= request.sampling.max_tokens
 
 
+def differing_requests(a: Run, b: Run, requests: list[GenerateRequest]) -> list[str]:
+    """The requests whose tokens or finish reason differ between two runs."""
+    return [r.req_id for r in requests if (a.tokens[r.req_id], a.reasons[r.req_id]) != (b.tokens[r.req_id],
+                                                                                          b.reasons[r.req_id])]
+
+
+def assert_seeded_speculation_exact(worker: Worker, requests: list[GenerateRequest], speculative_config: str,
+                                    min_accepted: int) -> None:
+    """Seeded requests with speculation give the same tokens run to run (serial; async, reversed, two at a time)
+    and the same as without speculation, with more than `min_accepted` drafts accepted in each speculating run."""
+    plain = run(worker, requests, async_scheduling=False)
+    first = run(worker, requests, async_scheduling=False, speculative_config=speculative_config)
+    second = run(worker, requests[::-1], async_scheduling=True, speculative_config=speculative_config,
+                 max_num_seqs=2)
+    for spec in (first, second):
+        assert spec.scheduler.drafts.counters.num_accepted_tokens > min_accepted
+    assert differing_requests(first, second, requests) == []  # run to run, other batches and order
+    assert differing_requests(first, plain, requests) == []  # and what the request draws without speculation
+
+
 def batch_invariant_worker(model_dir: Path, num_blocks: int = 256) -> Worker:
     """The serving defaults (dtype auto, KV cache dtype auto, C kernels) with --batch-invariant: a request's numbers
     do not depend on its batch, chunking or preemption."""

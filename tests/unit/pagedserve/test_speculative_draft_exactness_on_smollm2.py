@@ -8,7 +8,7 @@ import pytest
 from pagedserve.services.gpu_worker.worker import Worker
 from pagedserve.shared.sampling_params import SamplingParams
 from tests.unit.pagedserve.draft_models import draft_model_config
-from tests.unit.pagedserve.engine_runs import chat_requests, exact_worker, run
+from tests.unit.pagedserve.engine_runs import assert_seeded_speculation_exact, chat_requests, exact_worker
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -32,12 +32,4 @@ def test_seeded_sampling_with_a_draft_model_is_reproducible_and_equals_the_plain
                 for i, topic in enumerate(["rivers", "planets", "metals", "birds"])]
     requests = chat_requests(smollm2_dir, contents, lambda i, _: SamplingParams(
         temperature=0.5, top_p=0.9, seed=100 + i, max_tokens=40))
-    plain = run(worker, requests, async_scheduling=False)
-    first = run(worker, requests, async_scheduling=False, speculative_config=self_draft)
-    second = run(worker, requests[::-1], async_scheduling=True, speculative_config=self_draft, max_num_seqs=2)
-    for spec in (first, second):
-        assert spec.scheduler.drafts.counters.num_accepted_tokens > 20
-    for request in requests:
-        req_id = request.req_id
-        assert (first.tokens[req_id], first.reasons[req_id]) == (second.tokens[req_id], second.reasons[req_id])
-        assert (first.tokens[req_id], first.reasons[req_id]) == (plain.tokens[req_id], plain.reasons[req_id])
+    assert_seeded_speculation_exact(worker, requests, self_draft, min_accepted=20)

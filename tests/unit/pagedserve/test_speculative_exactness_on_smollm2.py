@@ -12,9 +12,15 @@ import json
 import pytest
 
 from pagedserve.services.gpu_worker.worker import Worker
-from pagedserve.shared.request_io import GenerateRequest
 from pagedserve.shared.sampling_params import SamplingParams
-from tests.unit.pagedserve.engine_runs import Run, batch_invariant_worker, chat_requests, exact_worker, run
+from tests.unit.pagedserve.engine_runs import (
+    assert_seeded_speculation_exact,
+    batch_invariant_worker,
+    chat_requests,
+    differing_requests,
+    exact_worker,
+    run,
+)
 
 pytestmark = pytest.mark.timeout(1800)
 ALWAYS_ON = json.dumps({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
@@ -28,11 +34,6 @@ def _contents() -> list[str]:
             if i % 2 == 0 else f"Tell me a short story about {topic}." for i, topic in enumerate(TOPICS)]
 
 
-def _same_tokens(a: Run, b: Run, requests: list[GenerateRequest]) -> list[str]:
-    return [r.req_id for r in requests if (a.tokens[r.req_id], a.reasons[r.req_id]) != (b.tokens[r.req_id],
-                                                                                          b.reasons[r.req_id])]
-
-
 @pytest.fixture(scope="module")
 def exact(smollm2_dir) -> Worker:
     return exact_worker(smollm2_dir)
@@ -41,13 +42,7 @@ def exact(smollm2_dir) -> Worker:
 def test_seeded_sampling_is_reproducible_and_equals_the_plain_draws(exact, smollm2_dir):
     requests = chat_requests(smollm2_dir, _contents(), lambda i, _: SamplingParams(
         temperature=0.5, top_p=0.9, seed=100 + i, max_tokens=48))
-    plain = run(exact, requests, async_scheduling=False)
-    first = run(exact, requests, async_scheduling=False, speculative_config=ALWAYS_ON)
-    second = run(exact, requests[::-1], async_scheduling=True, speculative_config=ALWAYS_ON, max_num_seqs=2)
-    for spec in (first, second):
-        assert spec.scheduler.drafts.counters.num_accepted_tokens > 10
-    assert _same_tokens(first, second, requests) == []  # run to run, other batches and order
-    assert _same_tokens(first, plain, requests) == []  # and what the request draws without speculation
+    assert_seeded_speculation_exact(exact, requests, ALWAYS_ON, min_accepted=10)
 
 
 def test_batch_invariant_logprobs_are_identical_with_speculation(smollm2_dir):
@@ -57,7 +52,7 @@ def test_batch_invariant_logprobs_are_identical_with_speculation(smollm2_dir):
     plain = run(worker, requests, async_scheduling=False)
     spec = run(worker, requests, async_scheduling=True, speculative_config=ALWAYS_ON)
     assert spec.scheduler.drafts.counters.num_accepted_tokens > 10
-    assert _same_tokens(spec, plain, requests) == []
+    assert differing_requests(spec, plain, requests) == []
     for request in requests:
         got, want = spec.logprobs[request.req_id], plain.logprobs[request.req_id]
         assert all(lp is not None for lp in want) and len(want) == len(plain.tokens[request.req_id])
