@@ -24,8 +24,8 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 4  # draft tokens proposed per request and step at most (k)
     prompt_lookup_min: int = 2  # ngram: shortest n-gram of the context's tail matched against the earlier context
     prompt_lookup_max: int = 4  # ngram: longest; longer matches are tried first
-    # no request speculates in a step while this many requests or more are running (0: never off); at high batch a
-    # forward is compute-bound and rejected drafts cost what they take
+    # no request speculates in a step while this many requests or more are running or waiting (0: never off); at
+    # high batch a forward is compute-bound and rejected drafts cost what they take
     disable_by_batch_size: int = 8
 
     def __post_init__(self) -> None:

@@ -165,6 +165,10 @@ class Scheduler:
     # --- one step ------------------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        speculate = self.drafts is not None and self.drafts.enabled_for(len(self.running) + len(self.waiting))
+        if speculate and self.drafts.waits_for_step_in_flight(self.running):
+            # nothing now: the whole batch goes out once the step in flight is back (see spec_decode/planner.py)
+            return SchedulerOutput(StepInput(incarnation_id=self.description.incarnation_id))
         budget = self.config.max_num_batched_tokens
         step = StepInput(finished_req_ids=self.finished_req_ids, incarnation_id=self.description.incarnation_id)
         scheduled = SchedulerOutput(step)
@@ -173,13 +177,11 @@ class Scheduler:
         for_slots = self._preempt_for_urgent()
         preempted: list[Request] = []  # for KV blocks
         index = 0
-        speculate = self.drafts is not None and self.drafts.enabled_for(len(self.running))
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if self._reached_limit(request) or request.num_drafts_in_flight or (
-                    speculate and self.drafts.holds_back(request)):
+            if self._reached_limit(request) or request.num_drafts_in_flight:
                 index += 1
-                continue  # the steps in flight take it to its length limit, or it waits for them to draft after
+                continue  # the steps in flight take it to its length limit, or its drafts' outcome is not known yet
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
             drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else NO_DRAFTS
             if not self._allocate_or_preempt(request, num_new, index, preempted):

@@ -9,11 +9,16 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
   drafts before it and rolls its matcher back past the rejected ones). Drafts are capped so that even if all are
   accepted plus the bonus token the request passes neither `max_tokens` nor the context limit, and by what is
   left of the step's token budget.
-- While its drafted step is in flight the request is not scheduled again (async scheduling: the next step cannot
-  know how many tokens it accepts; steps for other requests still overlap). A request whose plain step is in
-  flight cannot draft either (its last token is unknown): it sits out the next step when its context's tail
-  recurs (`holds_back`: it is copying, drafts are likely), else it keeps the usual placeholder pipelining. A draft
-  model can always propose, so with one such a request always sits the step out.
+- While its drafted step is in flight the request cannot be scheduled again (async scheduling: the next step cannot
+  know how many tokens it accepts). A request whose plain step is in flight cannot draft either (its last token is
+  unknown): it waits for that step when its context's tail recurs (`holds_back`: it is copying, drafts are likely;
+  a draft model can always propose, so with one it always waits), else it keeps the usual placeholder pipelining.
+- The batch is not split while speculating (`waits_for_step_in_flight`): when any running request waits for the
+  step in flight, the scheduler plans nothing until that step is back and then plans the whole batch. Speculation
+  runs only at small batches, where a step's cost is mostly reading the weights, so a step for part of the batch
+  costs nearly as much as one for all of it; overlapping half-batches (each request in every other step) gave up
+  about half of speculation's gain in the tails of a 16-stream run. Requests that cannot draft and never wait keep
+  pipelining as without speculation.
 - `settle` runs first when the step's output comes back: the request rolls back its computed tokens past the
   accepted drafts and frees the blocks the rejected tail held (the worker applies the same rule to its mirror), so
   prefix-cache hashes, which cover only `token_ids`, only ever see accepted tokens.
@@ -52,10 +57,11 @@ class DraftPlanner:
         self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.counters = SpecDecodeCounters()
 
-    def enabled_for(self, num_running: int) -> bool:
-        """Speculation is off for a step while the batch is this large (it would cost compute the batch needs)."""
+    def enabled_for(self, num_requests: int) -> bool:
+        """Speculation is off for a step while this many requests run or wait to (it would cost compute the batch
+        needs, and a burst of arrivals would start drafting before it is admitted and then wait for the drafts)."""
         limit = self.config.disable_by_batch_size
-        return limit == 0 or num_running < limit
+        return limit == 0 or num_requests < limit
 
     def drafts(self, request: Request, budget_left: int) -> Drafts:
         """The drafts of a request about to be scheduled as a one-token decode (none: no speculation)."""
@@ -69,6 +75,11 @@ class DraftPlanner:
         if self.config.uses_draft_model:
             return Drafts(num_worker_slots=cap)
         return Drafts(token_ids=tuple(self.proposer.propose(request.token_ids, cap)))
+
+    def waits_for_step_in_flight(self, running: list[Request]) -> bool:
+        """Whether some running request needs the output of the step in flight before it can be scheduled to draft
+        (its drafts are in flight, or it holds back): the next step then waits for that output."""
+        return any(request.num_drafts_in_flight or self.holds_back(request) for request in running)
 
     def holds_back(self, request: Request) -> bool:
         """Whether to keep a request with a plain step in flight out of the next step, so that the step after can

@@ -79,6 +79,52 @@ def test_off_when_the_batch_reaches_disable_by_batch_size():
     assert scheduler.schedule().step_input.draft_token_ids == {}
 
 
+def test_waiting_requests_count_toward_disable_by_batch_size():
+    """A burst of arrivals turns speculation off before it is admitted: nothing drafts while it waits."""
+    config = json.loads(SPEC) | {"disable_by_batch_size": 2}
+    scheduler = _prefilled(spec=json.dumps(config))
+    scheduler.add_request(gen("b", [t + 20 for t in PROMPT], max_tokens=20))
+    step = scheduler.schedule()
+    assert step.step_input.draft_token_ids == {} and set(step.step_input.num_scheduled_tokens) == {"a", "b"}
+
+
+PLAIN_TEXT = [40, 41, 42, 43, 44, 45]  # no token recurs: never drafts
+
+
+def _two_decoding(second_prompt: list[int]) -> Scheduler:
+    """Request "a" (copying: its tail recurs) and a second request "b", both prefilled with their first outputs in."""
+    scheduler = Scheduler(make_config(speculative_config=SPEC, max_num_batched_tokens=64), describe())
+    scheduler.add_request(gen("a", PROMPT, max_tokens=20))
+    scheduler.add_request(gen("b", second_prompt, max_tokens=20))
+    prompts = scheduler.schedule()
+    assert prompts.step_input.num_scheduled_tokens == {"a": len(PROMPT), "b": len(second_prompt)}
+    scheduler.update_from_output(prompts, StepOutput(["a", "b"], [7, 99], [None, None]))
+    return scheduler
+
+
+def test_the_batch_waits_whole_for_a_step_with_drafts_in_flight():
+    """While "a"'s drafts are in flight, "b" (which cannot draft) is not pipelined without it: the next step goes out
+    once the drafts' output is back, with both."""
+    scheduler = _two_decoding(PLAIN_TEXT)
+    step = scheduler.schedule()
+    assert step.step_input.draft_token_ids == {"a": [8, 9, 10, 11]}
+    assert step.step_input.num_scheduled_tokens == {"a": 5, "b": 1}
+    assert scheduler.schedule().step_input.is_empty
+    scheduler.update_from_output(step, StepOutput(["a", "a", "b"], [8, 3, 98], [None] * 3,
+                                                  num_accepted_drafts={"a": 1}))
+    assert set(scheduler.schedule().step_input.num_scheduled_tokens) == {"a", "b"}
+    scheduler.kv.check_integrity()
+
+
+def test_requests_that_cannot_draft_keep_pipelining():
+    """With no request copying, async scheduling's overlap stays: the next step is planned while one is in flight."""
+    scheduler = _two_decoding([t + 50 for t in PLAIN_TEXT])
+    scheduler.abort_request("a")
+    first = scheduler.schedule()
+    assert first.step_input.num_scheduled_tokens == {"b": 1} and first.step_input.draft_token_ids == {}
+    assert scheduler.schedule().step_input.num_scheduled_tokens == {"b": 1}  # pipelined on a placeholder
+
+
 def test_a_draft_model_gets_positions_not_tokens_and_settles_the_same_way():
     """With a draft model the step carries a count (the worker proposes); budget, slots, the wait for the output
     and the rollback of the rejected tail are the n-gram path's."""
