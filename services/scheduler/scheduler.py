@@ -168,6 +168,7 @@ class Scheduler:
         speculate = self.drafts is not None and self.drafts.enabled_for(len(self.running) + len(self.waiting))
         if speculate and self.drafts.waits_for_step_in_flight(self.running):
             # nothing now: the whole batch goes out once the step in flight is back (see spec_decode/planner.py)
+            self.counters.record_step(0, 0)
             return SchedulerOutput(StepInput(incarnation_id=self.description.incarnation_id))
         budget = self.config.max_num_batched_tokens
         step = StepInput(finished_req_ids=self.finished_req_ids, incarnation_id=self.description.incarnation_id)
@@ -183,7 +184,9 @@ class Scheduler:
                 index += 1
                 continue  # the steps in flight take it to its length limit, or its drafts' outcome is not known yet
             num_new = self._chunk(request.num_tokens_ahead - request.num_computed_tokens, budget)
-            drafts = self._drafts(request, budget - num_new) if speculate and num_new == 1 else NO_DRAFTS
+            # drafts never take the token a running request after this one needs this step
+            draft_budget = budget - num_new - (len(self.running) - index - 1)
+            drafts = self._drafts(request, draft_budget) if speculate and num_new == 1 else NO_DRAFTS
             if not self._allocate_or_preempt(request, num_new, index, preempted):
                 continue  # the request preempted itself: the one after it is at `index` now
             self._schedule(request, num_new, scheduled, drafts)

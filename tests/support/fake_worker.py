@@ -15,6 +15,12 @@ The next token is a function of the token history only (not of the req_id, the b
 outputs do not depend on how it was scheduled; a script can force a request's outputs for exact tests, and
 `fixed_token` makes every unscripted output that one token.
 
+Draft tokens (`StepInput.draft_token_ids`) are verified as a greedy target would: the drafts are computed (and
+written to the KV slots) after the last known token, each position's next token is drawn from the history up to
+it, drafts are accepted while they equal those tokens, and the mirror keeps only the accepted ones plus the token
+drawn after them; its block table drops the blocks past its computed tokens (the scheduler frees the same tail);
+rejected positions stay in their slots as stale KV that nothing may read.
+
 This is the one fake worker of the suite: the scheduler's tests drive it step by step (`execute_step`), the engine
 loop's tests through `tests.support.fake_worker_client`, which adds the gRPC client's faults around it.
 """
@@ -63,6 +69,9 @@ class Mirror:
     def append(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self._extend_hashes()
+
+    def truncate(self, num_tokens: int) -> None:
+        del self.token_ids[num_tokens:], self.prefix_hashes[num_tokens:]
 
     def _extend_hashes(self) -> None:
         for token_id in self.token_ids[len(self.prefix_hashes):]:
@@ -131,6 +140,7 @@ class FakeWorker:
         if step.is_empty:
             return StepOutput()
         scheduled = [(self.mirrors[req_id], n) for req_id, n in step.num_scheduled_tokens.items()]
+        drafted = self._append_drafts(step)
         for mirror, n in scheduled:
             self._check_chunk(mirror, n)
             self._check_reads(mirror)
@@ -141,13 +151,48 @@ class FakeWorker:
         # like the real batch builder: decodes (one token) first, the rest in scheduling order
         for mirror, n in sorted(scheduled, key=lambda item: item[1] != 1):
             mirror.num_computed_tokens += n
-            if mirror.num_computed_tokens == len(mirror.token_ids):
+            if mirror.req_id in drafted:
+                self._verify(mirror, drafted[mirror.req_id], output)
+            elif mirror.num_computed_tokens == len(mirror.token_ids):
                 token_id = self.next_token(mirror)
                 mirror.append(token_id)
                 output.req_ids.append(mirror.req_id)
                 output.sampled_token_ids.append(token_id)
                 output.logprobs.append(None)
         return output
+
+    def _append_drafts(self, step: StepInput) -> dict[str, list[int]]:
+        """Put each request's drafts after its last known token, which the step must compute with them."""
+        for req_id, drafts in step.draft_token_ids.items():
+            mirror = self.mirrors.get(req_id)
+            if mirror is None or req_id not in step.num_scheduled_tokens:
+                raise FakeWorkerError(f"drafts for {req_id}, which the step does not schedule")
+            if (step.num_scheduled_tokens[req_id] != 1 + len(drafts)
+                    or mirror.num_computed_tokens != len(mirror.token_ids) - 1 or not drafts):
+                raise FakeWorkerError(f"request {req_id}: {len(drafts)} drafts but {step.num_scheduled_tokens[req_id]} "
+                                      f"tokens scheduled after {mirror.num_computed_tokens} of "
+                                      f"{len(mirror.token_ids)} known")
+            for token_id in drafts:
+                mirror.append(token_id)
+        return {req_id: list(drafts) for req_id, drafts in step.draft_token_ids.items()}
+
+    def _verify(self, mirror: Mirror, drafts: list[int], output: StepOutput) -> None:
+        """Greedy acceptance: keep drafts while each equals the token drawn before it, then the drawn token."""
+        first_draft = len(mirror.token_ids) - len(drafts)
+        mirror.truncate(first_draft)
+        num_accepted = 0
+        while True:
+            token_id = self.next_token(mirror)
+            mirror.append(token_id)
+            output.req_ids.append(mirror.req_id)
+            output.sampled_token_ids.append(token_id)
+            output.logprobs.append(None)
+            if num_accepted == len(drafts) or token_id != drafts[num_accepted]:
+                break
+            num_accepted += 1
+        mirror.num_computed_tokens = len(mirror.token_ids) - 1
+        del mirror.block_ids[-(-mirror.num_computed_tokens // self.block_size):]  # the scheduler frees the same tail
+        output.num_accepted_drafts[mirror.req_id] = num_accepted
 
     # --- protocol checks ---------------------------------------------------------------------------------
 

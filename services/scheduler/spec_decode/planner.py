@@ -8,7 +8,7 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
   (a request under a grammar drafts too: the worker masks each verification row with the grammar state after the
   drafts before it and rolls its matcher back past the rejected ones). Drafts are capped so that even if all are
   accepted plus the bonus token the request passes neither `max_tokens` nor the context limit, and by what is
-  left of the step's token budget.
+  left of the step's token budget once every running request still to be scheduled has its one token.
 - While its drafted step is in flight the request cannot be scheduled again (async scheduling: the next step cannot
   know how many tokens it accepts). A request whose plain step is in flight cannot draft either (its last token is
   unknown): it waits for that step when its context's tail recurs (`holds_back`: it is copying, drafts are likely;

@@ -3,13 +3,15 @@
 Random arrivals (also while a step is in flight), prompts that share prefixes (with and without salts), output
 lengths, stop rules, aborts (between steps and in flight), small pools (so preemptions happen), and random budget,
 max_num_seqs, block size, watermark, chunked prefill and prefix caching, serial or async scheduling (the next
-step scheduled before the last one's output comes back). Every step is checked against the scheduler's invariants;
-at the end everything is finished and free, and every finished request produced exactly what it produces when it
-runs alone (serially).
+step scheduled before the last one's output comes back), and n-gram speculation (drafts verified greedily by the
+fake worker, over a small vocabulary so that they are often accepted). Every step is checked against the
+scheduler's invariants; at the end everything is finished and free, and every finished request produced exactly
+what it produces when it runs alone (serially, without speculation).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
@@ -47,10 +49,15 @@ class Scenario:
     eos_prob: float
     arrivals: list[Arrival]
     async_scheduling: bool = False  # schedule step N+1 before feeding step N's output (one step in flight)
+    vocab_size: int = 97
 
-    def description(self):
-        return describe(num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
-                        eos_token_id=EOS)
+    def description(self, num_blocks: int | None = None):
+        return describe(num_blocks=num_blocks or self.num_blocks, block_size=self.block_size,
+                        max_model_len=self.max_model_len, vocab_size=self.vocab_size, eos_token_id=EOS)
+
+    @property
+    def speculative(self) -> bool:
+        return bool(self.config.speculative_config)
 
 
 def pattern(seed: int, length: int, alphabet: int) -> list[int]:
@@ -60,7 +67,7 @@ def pattern(seed: int, length: int, alphabet: int) -> list[int]:
 
 @st.composite
 def scenarios(draw, caching: bool | None = None, min_requests: int = 1, min_stem: int = 0,
-              pool_sizes: tuple[int, ...] = (12, 16, 24, 32, 48, 96)) -> Scenario:
+              pool_sizes: tuple[int, ...] = (12, 16, 24, 32, 48, 96), speculative: bool = False) -> Scenario:
     block_size = draw(st.sampled_from([1, 2, 4, 8]))
     num_blocks = max(2, draw(st.sampled_from(pool_sizes)) // block_size)  # in tokens: small, so requests preempt
     config = SchedulerConfig(
@@ -70,6 +77,10 @@ def scenarios(draw, caching: bool | None = None, min_requests: int = 1, min_stem
         enable_prefix_caching=draw(st.booleans()) if caching is None else caching,
         watermark=draw(st.sampled_from([0.0, 0.0, 0.05, 0.1, 0.25])),
         prefill_finish_slack=draw(st.sampled_from([0, 0, None, 2, 7])),
+        speculative_config=json.dumps({
+            "method": "ngram", "num_speculative_tokens": draw(st.sampled_from([1, 2, 4])), "prompt_lookup_min": 1,
+            "prompt_lookup_max": draw(st.sampled_from([1, 2, 3])),
+            "disable_by_batch_size": draw(st.sampled_from([0, 0, 2, 3]))}) if speculative else "",
     )
     max_model_len = draw(st.sampled_from([8, 16, 24, 32, 48, 64]))
     # a few shared stems, so that prompts share prefixes and the prefix cache gets hit
@@ -89,7 +100,7 @@ def scenarios(draw, caching: bool | None = None, min_requests: int = 1, min_stem
         arrivals.append(Arrival(request, draw(st.sampled_from(range(13))), draw(st.booleans()),
                                 draw(st.integers(0, 16)) if aborts else None, draw(st.booleans())))
     return Scenario(config, num_blocks, block_size, max_model_len, draw(st.sampled_from([0.0, 0.1, 0.3])),
-                    arrivals, draw(st.booleans()))
+                    arrivals, draw(st.booleans()), vocab_size=draw(st.sampled_from([7, 8, 12])) if speculative else 97)
 
 
 def expect_rejected(scenario: Scenario, request: GenerateRequest) -> bool:
@@ -105,6 +116,7 @@ class Before:
         self.running = [r.req_id for r in scheduler.running]
         self.gaps = {r.req_id: r.num_tokens_ahead - r.num_computed_tokens for r in scheduler.running}
         self.at_limit = {r.req_id for r in scheduler.running if scheduler._reached_limit(r)}
+        self.drafting = {r.req_id for r in scheduler.running if r.num_drafts_in_flight}  # their outputs are not in
         self.keyed_blocks = {b.block_id for b in scheduler.kv.pool.blocks if b.key is not None}
         counters = scheduler.kv.prefix_index.counters
         self.num_queries, self.num_hits, self.num_evictions = (counters.num_queries, counters.num_hits,
@@ -182,7 +194,9 @@ class Run:
         assert sorted(sent) == sorted(num)  # each scheduled request once, as new or as cached
         # every request admitted took a token of some step, so the running ones never outnumber the budget and
         # all of them get their turn every step (the one continuing prefill, always the newest, takes the rest)
-        assert [r.req_id for r in self.s.running if r.req_id not in before.at_limit] == list(num)
+        skipped = before.at_limit | before.drafting
+        if not (self.scenario.speculative and not num):  # a speculating batch may wait whole for the step in flight
+            assert [r.req_id for r in self.s.running if r.req_id not in skipped] == list(num)
         assert self.s.counters.num_scheduled_tokens_last_step == step.total_num_scheduled_tokens
         # decodes first, then continuing prefills, then admissions (which carry everything as NewRequests)
         gaps = before.gaps
@@ -218,8 +232,8 @@ class Run:
         """Blocks cover exactly computed + scheduled tokens; admissions while others run leave the watermark."""
         step, kv = scheduled.step_input, self.s.kv
         for req_id in step.num_scheduled_tokens:
-            request = self.s.requests[req_id]  # its computed tokens include this step's
-            assert request.num_computed_tokens <= request.num_tokens_ahead
+            request = self.s.requests[req_id]  # its computed tokens include this step's (and its drafts)
+            assert request.num_computed_tokens <= request.num_tokens_ahead + len(step.draft_token_ids.get(req_id, ()))
             assert len(kv.block_ids(req_id)) == kv.blocks_needed(request.num_computed_tokens)
         num_running_at_admission = len(before.running) - len(scheduled.preempted_req_ids)
         if step.new_requests and (num_running_at_admission or len(step.new_requests) > 1):
@@ -256,7 +270,8 @@ class Run:
         for request in s.running:
             assert request.status is RequestStatus.RUNNING
             assert request.num_placeholders <= int(self.scenario.async_scheduling)  # the step in flight's
-            assert 1 <= request.num_tokens_ahead - request.num_computed_tokens or s._reached_limit(request)
+            assert (1 <= request.num_tokens_ahead - request.num_computed_tokens or s._reached_limit(request)
+                    or request.num_drafts_in_flight)
             assert len(kv.block_ids(request.req_id)) == kv.blocks_needed(request.num_computed_tokens)
             assert request.num_tokens < self.scenario.max_model_len
             assert request.num_output_tokens < request.sampling.max_tokens
@@ -303,9 +318,9 @@ def check_stop_rules(request: GenerateRequest, tokens: list[int], reason: Finish
 
 
 def run_alone(scenario: Scenario, request: GenerateRequest) -> tuple[list[int], FinishReason | None]:
-    description = describe(num_blocks=512, block_size=scenario.block_size, max_model_len=scenario.max_model_len,
-                           eos_token_id=EOS)
-    h = Harness(SchedulerConfig(max_num_batched_tokens=4096), description, eos_prob=scenario.eos_prob)
+    """The request alone, in a big pool, without speculation."""
+    h = Harness(SchedulerConfig(max_num_batched_tokens=4096), scenario.description(num_blocks=512),
+                eos_prob=scenario.eos_prob)
     h.add(request)
     h.run()
     stream = h.streams[request.req_id]
@@ -351,3 +366,26 @@ def test_outputs_do_not_depend_on_batching_chunking_caching_or_preemption(scenar
         if req_id not in run.aborted:
             stream = run.h.streams[req_id]
             assert (stream.token_ids, stream.finish_reason) == run_alone(scenario, request), req_id
+
+
+SPECULATING = st.one_of(scenarios(speculative=True), scenarios(caching=True, min_requests=4, min_stem=6,
+                                                               pool_sizes=(12, 16, 24, 32), speculative=True))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(SPECULATING)
+def test_speculation_keeps_every_invariant_and_the_outputs(scenario: Scenario):
+    """Drafts in the budget, their slots reserved and the rejected tail freed, with arrivals, aborts and preemptions
+    in flight: every invariant holds, everything ends free, and each request's tokens are its solo plain run's."""
+    run = Run(scenario)
+    run.go()
+    run.check_end()
+    for req_id, request in run.accepted.items():
+        if req_id not in run.aborted:
+            stream = run.h.streams[req_id]
+            assert (stream.token_ids, stream.finish_reason) == run_alone(scenario, request), req_id
+    counters = run.s.drafts.counters
+    event("drafted" if counters.num_drafts else "no drafts")
+    event("accepted" if sum(counters.num_accepted_per_position) else "none accepted")
+    event("preempted" if run.s.snapshot_stats().num_preemptions else "no preemption")
+    event("aborted" if run.aborted else "no abort")

@@ -4,6 +4,7 @@ reserved then the rejected tail freed, hashes over accepted tokens only, limits 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.request_io import FinishReason
@@ -91,7 +92,7 @@ def test_waiting_requests_count_toward_disable_by_batch_size():
 PLAIN_TEXT = [40, 41, 42, 43, 44, 45]  # no token recurs: never drafts
 
 
-def _two_decoding(second_prompt: list[int]) -> Scheduler:
+def _two_decoding(second_prompt: list[int], budget: int = 64) -> Scheduler:
     """Request "a" (copying: its tail recurs) and a second request "b", both prefilled with their first outputs in."""
     scheduler = Scheduler(make_config(speculative_config=SPEC, max_num_batched_tokens=64), describe())
     scheduler.add_request(gen("a", PROMPT, max_tokens=20))
@@ -99,7 +100,13 @@ def _two_decoding(second_prompt: list[int]) -> Scheduler:
     prompts = scheduler.schedule()
     assert prompts.step_input.num_scheduled_tokens == {"a": len(PROMPT), "b": len(second_prompt)}
     scheduler.update_from_output(prompts, StepOutput(["a", "b"], [7, 99], [None, None]))
+    scheduler.config = replace(scheduler.config, max_num_batched_tokens=budget)
     return scheduler
+
+
+def test_drafts_leave_a_token_for_every_running_request_after_them():
+    step = _two_decoding(PLAIN_TEXT, budget=4).schedule().step_input
+    assert step.draft_token_ids == {"a": [8, 9]} and step.num_scheduled_tokens == {"a": 3, "b": 1}
 
 
 def test_the_batch_waits_whole_for_a_step_with_drafts_in_flight():
