@@ -16,9 +16,8 @@ Contract with the Scheduler (scheduler.py calls these from its decode loop and f
 - The batch is not split while speculating (`waits_for_step_in_flight`): when any running request waits for the
   step in flight, the scheduler plans nothing until that step is back and then plans the whole batch. Speculation
   runs only at small batches, where a step's cost is mostly reading the weights, so a step for part of the batch
-  costs nearly as much as one for all of it; overlapping half-batches (each request in every other step) gave up
-  about half of speculation's gain in the tails of a 16-stream run. Requests that cannot draft and never wait keep
-  pipelining as without speculation.
+  costs nearly as much as one for all of it (overlapping part-batches would run each request in every other
+  step). Requests that cannot draft and never wait keep pipelining as without speculation.
 - `settle` runs first when the step's output comes back: the request rolls back its computed tokens past the
   accepted drafts and frees the blocks the rejected tail held (the worker applies the same rule to its mirror), so
   prefix-cache hashes, which cover only `token_ids`, only ever see accepted tokens.
@@ -82,9 +81,9 @@ class DraftPlanner:
         return any(request.num_drafts_in_flight or self.holds_back(request) for request in running)
 
     def holds_back(self, request: Request) -> bool:
-        """Whether to keep a request with a plain step in flight out of the next step, so that the step after can
-        draft from the token that one samples: only when its known context's tail recurs (it is copying). Else it
-        keeps pipelining plain decodes."""
+        """Whether a request with a plain step in flight waits for it, so that its next step can draft from the
+        token that one samples: only when its known context's tail recurs (it is copying). Else it keeps pipelining
+        plain decodes."""
         if self.config.uses_draft_model:
             return request.num_placeholders > 0
         return request.num_placeholders > 0 and bool(self.proposer.propose(request.token_ids, 1))
