@@ -154,12 +154,17 @@ class FakeWorker:
             if mirror.req_id in drafted:
                 self._verify(mirror, drafted[mirror.req_id], output)
             elif mirror.num_computed_tokens == len(mirror.token_ids):
-                token_id = self.next_token(mirror)
-                mirror.append(token_id)
-                output.req_ids.append(mirror.req_id)
-                output.sampled_token_ids.append(token_id)
-                output.logprobs.append(None)
+                self._sample(mirror, output)
         return output
+
+    def _sample(self, mirror: Mirror, output: StepOutput) -> int:
+        """Draw the mirror's next token, append it and report it in the step's output."""
+        token_id = self.next_token(mirror)
+        mirror.append(token_id)
+        output.req_ids.append(mirror.req_id)
+        output.sampled_token_ids.append(token_id)
+        output.logprobs.append(None)
+        return token_id
 
     def _append_drafts(self, step: StepInput) -> dict[str, list[int]]:
         """Put each request's drafts after its last known token, which the step must compute with them."""
@@ -182,11 +187,7 @@ class FakeWorker:
         mirror.truncate(first_draft)
         num_accepted = 0
         while True:
-            token_id = self.next_token(mirror)
-            mirror.append(token_id)
-            output.req_ids.append(mirror.req_id)
-            output.sampled_token_ids.append(token_id)
-            output.logprobs.append(None)
+            token_id = self._sample(mirror, output)
             if num_accepted == len(drafts) or token_id != drafts[num_accepted]:
                 break
             num_accepted += 1
